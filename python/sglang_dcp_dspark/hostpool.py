@@ -1,0 +1,191 @@
+"""Real sglang HiCache host pools on CPU, and how much of the logical slot space the draft covers.
+
+Nothing here models sglang: it builds sglang's own ``MLATokenToKVPool`` and
+``MLATokenToKVPoolHost`` objects (device "cpu", pinned memory off) and
+registers the draft through whatever ``maybe_register_hicache_draft`` the
+imported sglang has, stock, patched or hooked by the plugin. Only the objects
+around the pools that need a GPU scheduler are stand-ins: the tree cache, its
+cache controller and the draft worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable, Iterator
+from unittest import mock
+
+# MLA KV geometry of DeepSeek-V2/V3 (kv_lora_rank 512 + rope 64), small enough
+# in rows that every dcp up to 16 builds in well under a second on CPU.
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+PAGE_SIZE = 64  # physical page per rank; the logical (widened) page is PAGE_SIZE * dcp
+DEVICE_ROWS = 1024  # target device pool rows per rank
+HOST_RATIO = 2.0  # --hicache-ratio
+TARGET_LAYERS = 2
+DRAFT_LAYERS = 1
+MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    dcp_size: int
+    layout: str = "layer_first"
+    device_rows: int = DEVICE_ROWS
+    page_size: int = PAGE_SIZE
+    host_ratio: float = HOST_RATIO
+    target_layers: int = TARGET_LAYERS
+    draft_layers: int = DRAFT_LAYERS
+    kv_lora_rank: int = KV_LORA_RANK
+    qk_rope_head_dim: int = QK_ROPE_HEAD_DIM
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size * self.dcp_size
+
+
+@dataclass
+class PoolPair:
+    geometry: Geometry
+    target_host_pool: object  # MLATokenToKVPoolHost, dcp-striped
+    draft_host_pool: object | None  # MLATokenToKVPoolHost, replicated (dcp_size 1)
+
+    @property
+    def coverage(self) -> float:
+        """Draft host rows as a share of the target's logical slots."""
+        return self.draft_host_pool.size / self.target_host_pool.logical_size
+
+    def allocatable_slots(self):
+        """Every logical slot the target host pool can hand out, in whole logical pages."""
+        target = self.target_host_pool
+        target.clear()
+        slots = target.alloc(target.logical_size - target.logical_size % target.logical_page_size)
+        target.clear()
+        return slots
+
+    def out_of_bounds_slots(self) -> int:
+        """Logical slots the target host pool hands out that the draft buffer cannot index.
+
+        The draft host pool has dcp_size 1, so its kernel index is the logical
+        slot itself; every such slot is a write past the end of the draft
+        buffer when L1 eviction backs the draft KV up to host.
+        """
+        rows = self.draft_host_pool.dcp_kernel_indices(self.allocatable_slots())
+        return int((rows >= self.draft_host_pool.size).sum())
+
+    def touch_draft_rows(self) -> None:
+        """Index the real draft buffer with every slot the target can allocate.
+
+        Raises IndexError where the draft host pool is too small: on CPU that
+        is the out-of-bounds write that a GPU reports as an invalid argument.
+        """
+        draft = self.draft_host_pool
+        rows = draft.dcp_kernel_indices(self.allocatable_slots())
+        if draft.layout == "layer_first":  # [layer, row, 1, dim]
+            draft.kv_buffer[:, rows]
+        elif draft.layout == "page_first":  # [row, layer, 1, dim]
+            draft.kv_buffer[rows]
+        else:  # page_first_direct: [page, layer, row in page, 1, dim]
+            draft.kv_buffer[rows // draft.page_size, :, rows % draft.page_size]
+
+
+def _mla_device_pool(rows: int, page_size: int, layers: int, g: Geometry):
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    return MLATokenToKVPool(
+        size=rows,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        kv_lora_rank=g.kv_lora_rank,
+        qk_rope_head_dim=g.qk_rope_head_dim,
+        layer_num=layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+
+
+def build_target_host_pool(g: Geometry):
+    """The target's HiCache host pool as HiRadixCache builds it for one DCP rank."""
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
+    return MLATokenToKVPoolHost(
+        device_pool,
+        g.host_ratio,
+        0,
+        g.logical_page_size,  # HiRadixCache passes the widened page
+        g.layout,
+        pin_memory=False,
+        device="cpu",
+        dcp_size=g.dcp_size,
+        dcp_rank=0,
+    )
+
+
+class _ControllerStandIn:
+    """The part of HiCacheController that draft registration talks to."""
+
+    def __init__(self, target_host_pool) -> None:
+        self.mem_pool_host = target_host_pool
+        self.page_size = target_host_pool.logical_page_size
+        self.mem_pool_device_draft = None
+        self.mem_pool_host_draft = None
+
+    def set_draft_kv_pool(self, draft_device_pool, draft_host_pool) -> None:
+        self.mem_pool_device_draft = draft_device_pool
+        self.mem_pool_host_draft = draft_host_pool
+
+
+def draft_registration_args(target_host_pool, g: Geometry, draft_device_pool=None) -> dict:
+    """Keyword arguments for ``maybe_register_hicache_draft`` around real pools."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    if draft_device_pool is None:
+        # The replicated draft is indexed by the target's logical slots.
+        draft_device_pool = _mla_device_pool(g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers, g)
+    runner = SimpleNamespace(token_to_kv_pool=draft_device_pool)
+    return dict(
+        tree_cache=SimpleNamespace(cache_controller=_ControllerStandIn(target_host_pool)),
+        draft_worker=SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner)),
+        spec_algorithm=SpeculativeAlgorithm.DSPARK,
+        server_args=SimpleNamespace(
+            enable_multi_layer_eagle=False,
+            hicache_mem_layout=g.layout,
+            hicache_storage_backend=None,
+            dcp_size=g.dcp_size,
+        ),
+        enable_hierarchical_cache=True,
+        page_size=g.logical_page_size,
+    )
+
+
+@contextlib.contextmanager
+def unpinned_host_memory() -> Iterator[None]:
+    """Let host pools that ask for pinned memory allocate plain CPU tensors.
+
+    The draft registration always pins (cudaHostRegister), which needs a CUDA
+    driver; on CPU the registration is the only GPU step, so it alone is skipped.
+    """
+    from sglang.srt.mem_cache.pool_host import common
+
+    with mock.patch.object(common, "_cuda_host_register", lambda buffer: None):
+        yield
+
+
+def build_pools(g: Geometry, register: Callable | None = None) -> PoolPair:
+    """Target host pool plus the draft host pool that ``register`` creates for it.
+
+    ``register`` defaults to the imported sglang's ``maybe_register_hicache_draft``
+    looked up at call time, so a patched tree or an applied plugin hook is what runs.
+    """
+    if register is None:
+        from sglang.srt.mem_cache import kv_cache_builder
+
+        register = kv_cache_builder.maybe_register_hicache_draft
+    target = build_target_host_pool(g)
+    kwargs = draft_registration_args(target, g)
+    with unpinned_host_memory():
+        register(**kwargs)
+    return PoolPair(g, target, kwargs["tree_cache"].cache_controller.mem_pool_host_draft)

@@ -1,0 +1,386 @@
+"""Patch series: inspect, apply and revert them all-or-nothing, and export them.
+
+A series is a directory under ``patches/`` holding ``git format-patch`` files
+and a ``series`` file that lists them in order. Header comments in ``series``
+say which sglang releases it applies to and which release fixed it upstream::
+
+    # applies-to: ==0.5.17
+    # fixed-upstream: 0.5.18
+    0001-....patch
+
+Every operation works on a staging copy of the files the series touches and
+only writes to the sglang tree once the whole series has applied there, so a
+failure leaves the tree byte-identical. Whether a series is applied is decided
+the way patch-package does it: by dry-running it forward and in reverse.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from .compat import SglangTree, parse_version
+from .errors import DcpDsparkError
+
+_DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+_HEADER_RE = re.compile(r"^#\s*([a-z-]+):\s*(.+?)\s*$")
+
+# Stable export, as Electron does it: no commit ids, stats or signatures to churn.
+FORMAT_PATCH_FLAGS = (
+    "--keep-subject",
+    "--no-stat",
+    "--no-signature",
+    "--zero-commit",
+    "--full-index",
+    "--no-numbered",
+    "--encoding=UTF-8",
+)
+
+
+def patches_root() -> Path:
+    """Series shipped in the wheel, or the repository's ``patches/`` in a checkout."""
+    override = os.environ.get("SGLANG_DCP_DSPARK_PATCHES")
+    candidates = [Path(override)] if override else []
+    here = Path(__file__).resolve().parent
+    candidates += [here / "patches", here.parents[1] / "patches"]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise DcpDsparkError(
+        "no patch series found next to sglang_dcp_dspark; expected a patches/ directory; "
+        "fix: pip install --force-reinstall sglang-dcp-dspark"
+    )
+
+
+@dataclass(frozen=True)
+class Patch:
+    path: Path
+    files: tuple[str, ...]  # as named in the patch: python/sglang/...
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    directory: Path
+    patches: tuple[Patch, ...]
+    applies_to: SpecifierSet
+    fixed_upstream: str | None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(sorted({f for p in self.patches for f in p.files}))
+
+    def tree_files(self, tree: SglangTree) -> tuple[str, ...]:
+        """The series' files that exist in this kind of tree (an installed tree has no tests)."""
+        if tree.layout == "checkout":
+            return self.files
+        return tuple(f for f in self.files if f.startswith("python/sglang/"))
+
+    def targets(self, version: str | None) -> bool:
+        parsed = parse_version(version)
+        return parsed is not None and self.applies_to.contains(parsed, prereleases=True)
+
+    def fixed_in(self, version: str | None) -> bool:
+        parsed = parse_version(version)
+        fixed = parse_version(self.fixed_upstream)
+        return parsed is not None and fixed is not None and parsed >= fixed
+
+
+def available_series() -> list[str]:
+    root = patches_root()
+    return sorted(p.parent.name for p in root.glob("*/series"))
+
+
+def load_series(name: str) -> Series:
+    directory = patches_root() / name
+    listing = directory / "series"
+    if not listing.is_file():
+        known = ", ".join(available_series()) or "none"
+        raise DcpDsparkError(
+            f"unknown series {name!r}; expected one of: {known}; fix: sglang-dcp-dspark status"
+        )
+    headers: dict[str, str] = {}
+    patches: list[Patch] = []
+    for line in listing.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            match = _HEADER_RE.match(line)
+            if match:
+                headers[match.group(1)] = match.group(2)
+            continue
+        path = directory / line
+        if not path.is_file():
+            raise DcpDsparkError(
+                f"series {name} lists {line} but the file is missing; expected it in {directory}; "
+                "fix: reinstall sglang-dcp-dspark or regenerate with sglang-dcp-dspark export"
+            )
+        text = path.read_text(encoding="utf-8")
+        files = tuple(dict.fromkeys(m.group(2) for m in _DIFF_RE.finditer(text)))
+        patches.append(Patch(path=path, files=files))
+    try:
+        applies_to = SpecifierSet(headers.get("applies-to", ""))
+    except InvalidSpecifier as exc:
+        raise DcpDsparkError(f"series {name} has a bad applies-to header: {exc}") from None
+    return Series(
+        name=name,
+        directory=directory,
+        patches=tuple(patches),
+        applies_to=applies_to,
+        fixed_upstream=headers.get("fixed-upstream"),
+    )
+
+
+class State(enum.Enum):
+    APPLICABLE = "applicable"
+    APPLIED = "applied"
+    PARTIAL = "partially applied"
+    FIXED_UPSTREAM = "fixed upstream"
+    CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class Status:
+    series: Series
+    tree: SglangTree
+    state: State
+    applied: int  # how many leading patches are in the tree
+
+    def line(self) -> str:
+        s = self.series
+        if self.state is State.PARTIAL:
+            detail = f"{self.applied} of {len(s.patches)} patches in the tree"
+        elif self.state is State.FIXED_UPSTREAM:
+            detail = f"sglang {s.fixed_upstream} and later carry the fix"
+        elif self.state is State.CONFLICT:
+            detail = f"neither applies nor reverts; series targets sglang{s.applies_to}"
+        else:
+            detail = f"{len(s.patches)} patches, targets sglang{s.applies_to}"
+        return f"{s.name:<22} {self.state.value:<18} {detail}"
+
+
+def require_git() -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise DcpDsparkError(
+            "git was not found on PATH; expected git to apply patch series; fix: apt-get install git"
+        )
+    return git
+
+
+class _Staging:
+    """A scratch copy of the series' files, laid out as in the tree, for git apply."""
+
+    def __init__(self, tree: SglangTree, series: Series) -> None:
+        self.tree = tree
+        self.series = series
+        self._dir = tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-")
+        self.root = Path(self._dir.name)
+        for name in series.tree_files(tree):
+            source = tree.path_of(name)
+            if source.is_file():
+                dest = self.root / source.relative_to(tree.root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, dest)
+
+    def __enter__(self) -> "_Staging":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._dir.cleanup()
+
+    def git_apply(self, patches, *, reverse: bool = False, check: bool = False) -> subprocess.CompletedProcess:
+        args = [require_git(), "apply", f"-p{self.tree.strip}"]
+        if self.tree.layout == "installed":
+            args.append("--include=sglang/*")
+        if reverse:
+            args.append("-R")
+        if check:
+            args.append("--check")
+        ordered = list(reversed(patches)) if reverse else list(patches)
+        args += [str(p.path) for p in ordered]
+        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.root.parent), LC_ALL="C")
+        return subprocess.run(args, cwd=self.root, env=env, capture_output=True, text=True)
+
+    def applies(self, patches, *, reverse: bool = False) -> bool:
+        return not patches or self.git_apply(patches, reverse=reverse, check=True).returncode == 0
+
+    def contents(self) -> dict[Path, bytes | None]:
+        """New bytes for every series file in the tree; None where the series deletes it."""
+        result: dict[Path, bytes | None] = {}
+        for name in self.series.tree_files(self.tree):
+            staged = self.root / self.tree.path_of(name).relative_to(self.tree.root)
+            result[self.tree.path_of(name)] = staged.read_bytes() if staged.is_file() else None
+        return result
+
+
+def inspect(tree: SglangTree, series: Series) -> Status:
+    patches = series.patches
+    with _Staging(tree, series) as staging:
+        if staging.applies(patches):
+            return Status(series, tree, State.APPLICABLE, 0)
+        if staging.applies(patches, reverse=True):
+            state = State.FIXED_UPSTREAM if series.fixed_in(tree.version) else State.APPLIED
+            return Status(series, tree, state, len(patches))
+        for k in range(len(patches) - 1, 0, -1):
+            if staging.applies(patches[:k], reverse=True) and staging.applies(patches[k:]):
+                return Status(series, tree, State.PARTIAL, k)
+    state = State.FIXED_UPSTREAM if series.fixed_in(tree.version) else State.CONFLICT
+    return Status(series, tree, state, 0)
+
+
+def _first_failing(staging: _Staging, patches) -> tuple[Patch, str]:
+    """Which patch of a failing run breaks first, and git's complaint about it."""
+    for i, patch in enumerate(patches):
+        result = staging.git_apply(patches[: i + 1], check=True)
+        if result.returncode != 0:
+            errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+            return patch, (errors[0] if errors else result.stderr.strip()).removeprefix("error: ")
+    return patches[-1], "unknown failure"
+
+
+def _write_all(contents: dict[Path, bytes | None], action: str) -> None:
+    """Write every file or none: check writability first, roll back on any error."""
+    for path, data in contents.items():
+        probe = path if path.exists() else path.parent
+        while not probe.exists():
+            probe = probe.parent
+        if not os.access(probe, os.W_OK) or (not path.exists() and not os.access(probe, os.W_OK | os.X_OK)):
+            raise DcpDsparkError(
+                f"cannot {action}: {probe} is read-only; expected a writable sglang tree; "
+                f"fix: rerun as its owner (e.g. sudo sglang-dcp-dspark {action} --target ...) or "
+                "install sglang into a writable environment"
+            )
+    originals = {path: (path.read_bytes() if path.exists() else None) for path in contents}
+    written: list[Path] = []
+    try:
+        for path, data in contents.items():
+            if data == originals[path]:
+                continue
+            written.append(path)
+            if data is None:
+                path.unlink()
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+    except OSError as exc:
+        for path in written:
+            before = originals[path]
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(before)
+        raise DcpDsparkError(
+            f"cannot {action}: writing {exc.filename} failed ({exc.strerror}); the tree was restored; "
+            f"fix: make the sglang tree writable and rerun sglang-dcp-dspark {action}"
+        ) from None
+
+
+def apply(tree: SglangTree, series: Series) -> str:
+    """Apply the rest of a series; returns a one-line report."""
+    require_git()
+    status = inspect(tree, series)
+    if status.state is State.APPLIED:
+        return f"{series.name}: already applied to {tree.describe()}; nothing to do"
+    if status.state is State.FIXED_UPSTREAM:
+        return f"{series.name}: {tree.describe()} already carries the fix (since {series.fixed_upstream}); nothing to do"
+    if tree.version is not None and not series.targets(tree.version):
+        raise DcpDsparkError(
+            f"series {series.name} targets sglang{series.applies_to} but found sglang {tree.version} "
+            f"at {tree.package}; fix: pip install 'sglang{series.applies_to}' or use the plugin "
+            "(see sglang-dcp-dspark status)"
+        )
+    pending = series.patches[status.applied :]
+    with _Staging(tree, series) as staging:
+        if status.state is State.CONFLICT:
+            patch, why = _first_failing(staging, pending)
+            raise DcpDsparkError(
+                f"patch {patch.name} does not apply to {tree.describe()} ({why}); expected unmodified "
+                f"sglang{series.applies_to}; fix: pip install --force-reinstall --no-deps "
+                f"'sglang{series.applies_to}' and rerun sglang-dcp-dspark apply"
+            )
+        result = staging.git_apply(pending)
+        if result.returncode != 0:  # inspect() said it applies; anything else is a bug or a race
+            raise DcpDsparkError(f"git apply failed in staging: {result.stderr.strip().splitlines()[0]}")
+        _write_all(staging.contents(), "apply")
+    after = inspect(tree, series)
+    if after.state is not State.APPLIED:
+        revert(tree, series)
+        raise DcpDsparkError(
+            f"{series.name}: tree reads as {after.state.value} after applying; it was reverted; "
+            "fix: report this with the output of sglang-dcp-dspark status"
+        )
+    return f"{series.name}: applied {len(pending)} patch(es) to {tree.describe()}"
+
+
+def revert(tree: SglangTree, series: Series) -> str:
+    """Undo whatever part of a series is in the tree; returns a one-line report."""
+    require_git()
+    status = inspect(tree, series)
+    if status.state is State.APPLICABLE:
+        return f"{series.name}: not applied to {tree.describe()}; nothing to revert"
+    if status.state is State.FIXED_UPSTREAM:
+        return f"{series.name}: {tree.describe()} carries the fix upstream; nothing of ours to revert"
+    if status.state is State.CONFLICT:
+        raise DcpDsparkError(
+            f"{series.name} cannot be reverted from {tree.describe()}: its files match neither the "
+            f"stock nor the patched sources; fix: pip install --force-reinstall --no-deps 'sglang{series.applies_to}'"
+        )
+    with _Staging(tree, series) as staging:
+        result = staging.git_apply(series.patches[: status.applied], reverse=True)
+        if result.returncode != 0:
+            raise DcpDsparkError(f"git apply -R failed in staging: {result.stderr.strip().splitlines()[0]}")
+        _write_all(staging.contents(), "revert")
+    return f"{series.name}: reverted {status.applied} patch(es) from {tree.describe()}"
+
+
+def export(repo: Path, base: str, series_name: str, *, out_dir: Path | None = None) -> list[Path]:
+    """Re-export ``base..HEAD`` of a working branch as the named series.
+
+    Writes the patches and the ``series`` listing (keeping its header comments)
+    into ``out_dir`` (default: the series' own directory) and returns the files
+    written. Output depends only on the commits, so a re-export of unchanged
+    commits is byte-identical: CI compares it with what is committed.
+    """
+    git = require_git()
+    target = out_dir or (patches_root() / series_name)
+    listing = patches_root() / series_name / "series"
+    header = [l for l in listing.read_text(encoding="utf-8").splitlines() if l.startswith("#")] if listing.is_file() else []
+    with tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-export-") as tmp:
+        result = subprocess.run(
+            [git, "-c", "core.abbrev=40", "format-patch", *FORMAT_PATCH_FLAGS, "-o", tmp, f"{base}..HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise DcpDsparkError(
+                f"git format-patch {base}..HEAD failed in {repo}: {result.stderr.strip().splitlines()[-1]}; "
+                "expected a git checkout with the series committed on top of BASE; fix: pass --repo and --base"
+            )
+        produced = sorted(Path(tmp).glob("*.patch"))
+        if not produced:
+            raise DcpDsparkError(f"no commits in {base}..HEAD of {repo}; expected the series' commits; fix: check --base")
+        target.mkdir(parents=True, exist_ok=True)
+        for old in target.glob("*.patch"):
+            old.unlink()
+        written = []
+        for patch in produced:
+            dest = target / patch.name
+            shutil.copyfile(patch, dest)
+            written.append(dest)
+    (target / "series").write_text("\n".join(header + [p.name for p in written]) + "\n", encoding="utf-8")
+    return written + [target / "series"]
