@@ -1,0 +1,42 @@
+"""Fixtures shared by every test: the installed sglang tree, copies of it, the tiny MLA model."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sglang_dcp_dspark.compat import SglangTree, locate_tree
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_mla_model() -> Path:
+    """A DeepseekV2 (MLA) config.json with no weights: enough for argument resolution."""
+    return DATA / "tiny-mla"
+
+
+@pytest.fixture(scope="session")
+def installed_tree() -> SglangTree:
+    return locate_tree(None)
+
+
+@pytest.fixture
+def tree_copy(installed_tree: SglangTree, tmp_path: Path) -> SglangTree:
+    """A full copy of the installed sglang package, laid out as an installed tree."""
+    root = tmp_path / "site-packages"
+    shutil.copytree(installed_tree.package, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    return locate_tree(root)
+
+
+def tree_digest(tree: SglangTree) -> dict[str, str]:
+    """sha256 of every file in the tree's package, keyed by relative path."""
+    return {
+        str(p.relative_to(tree.package)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(tree.package.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
