@@ -58,19 +58,46 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_base(args: argparse.Namespace) -> int:
+    from . import series as series_mod
+    from .compat import locate_tree
+
+    print(series_mod.reconstruct_base(locate_tree(args.source), series_mod.load_series(args.series), Path(args.out)))
+    return 0
+
+
+def _cmd_workbench(args: argparse.Namespace) -> int:
+    from . import series as series_mod
+    from .compat import locate_tree
+
+    base = series_mod.workbench(locate_tree(args.source), series_mod.load_series(args.series), Path(args.repo))
+    print(f"{args.repo}: series {args.series} on base commit {base}; after editing, run:")
+    print(f"  sglang-dcp-dspark export --repo {args.repo} --base {base} --series {args.series}")
+    return 0
+
+
 def _cmd_coverage(args: argparse.Namespace) -> int:
     from . import hostpool
 
     from .compat import locate_tree
 
     tree = locate_tree(None)
-    print(f"draft host pool coverage on {tree.describe()} (real MLA host pools on CPU, layout {args.layout}):")
+    # --draft-path picks the draft paths of PR #35221's form (its parent and 0.5.18).
+    build = hostpool.build_pools
+    oob = hostpool.PoolPair.out_of_bounds_slots
+    if args.draft_path:
+        from . import draft_paths
+
+        build = lambda g: draft_paths.build_pools(args.draft_path, g)  # noqa: E731
+        oob = draft_paths.out_of_bounds_slots
+    where = f", {args.draft_path} draft path" if args.draft_path else ""
+    print(f"draft host pool coverage on {tree.describe()} (real MLA host pools on CPU, layout {args.layout}{where}):")
     print(f"  {'dcp':>3}  {'target rows':>11}  {'logical slots':>13}  {'draft rows':>10}  {'coverage':>8}  {'out of bounds':>13}")
     for dcp in args.dcp:
-        pair = hostpool.build_pools(hostpool.Geometry(dcp, args.layout))
+        pair = build(hostpool.Geometry(dcp, args.layout))
         print(
             f"  {dcp:>3}  {pair.target_host_pool.size:>11}  {pair.target_host_pool.logical_size:>13}  "
-            f"{pair.draft_host_pool.size:>10}  {pair.coverage:>8.3f}  {pair.out_of_bounds_slots():>13}"
+            f"{pair.draft_host_pool.size:>10}  {pair.coverage:>8.3f}  {oob(pair):>13}"
         )
     return 0
 
@@ -108,7 +135,25 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("coverage", help="draft host pool coverage of the logical slot space, on real pools")
     p.add_argument("--dcp", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N")
     p.add_argument("--layout", default="layer_first", choices=["layer_first", "page_first", "page_first_direct"])
+    p.add_argument(
+        "--draft-path",
+        choices=["sidecar", "legacy"],
+        help="register the draft through build_full_draft_pools (sidecar) or _register_legacy_hicache_draft "
+        "(legacy), as in PR #35221's parent and sglang 0.5.18; default: maybe_register_hicache_draft of 0.5.17",
+    )
     p.set_defaults(func=_cmd_coverage)
+
+    p = sub.add_parser("base", help="rebuild the tree a series in upstream's form applies to, from the release that shipped it")
+    p.add_argument("--series", required=True, metavar="NAME", help="e.g. upstream-pr-35221")
+    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the release's tree, e.g. from pip install --no-deps --target DIR sglang==0.5.18")
+    p.add_argument("--out", required=True, metavar="DIR", help="new directory for the base tree")
+    p.set_defaults(func=_cmd_base)
+
+    p = sub.add_parser("workbench", help="a git working branch: the series' base files committed, the series git am'ed on top")
+    p.add_argument("--series", required=True, metavar="NAME")
+    p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the tree the series applies to (for upstream-pr-35221: the output of base)")
+    p.add_argument("--repo", required=True, metavar="DIR", help="new directory for the git repository")
+    p.set_defaults(func=_cmd_workbench)
     return parser
 
 

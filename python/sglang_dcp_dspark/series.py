@@ -27,7 +27,7 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from .compat import SglangTree, parse_version
+from .compat import SglangTree, locate_tree, parse_version
 from .errors import DcpDsparkError
 
 _DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
@@ -317,7 +317,10 @@ def apply(tree: SglangTree, series: Series) -> str:
             raise DcpDsparkError(f"git apply failed in staging: {result.stderr.strip().splitlines()[0]}")
         _write_all(staging.contents(), "apply")
     after = inspect(tree, series)
-    if after.state is not State.APPLIED:
+    # A series in upstream's own form turns its base into exactly what the
+    # fixed release shipped, so a full apply may read as "fixed upstream":
+    # what counts is that the whole series now reverts.
+    if after.applied != len(series.patches):
         revert(tree, series)
         raise DcpDsparkError(
             f"{series.name}: tree reads as {after.state.value} after applying; it was reverted; "
@@ -384,3 +387,109 @@ def export(repo: Path, base: str, series_name: str, *, out_dir: Path | None = No
             written.append(dest)
     (target / "series").write_text("\n".join(header + [p.name for p in written]) + "\n", encoding="utf-8")
     return written + [target / "series"]
+
+
+# Identity and date for commits this tool makes, so that a working branch and
+# its re-export depend on nothing but the files.
+_AUTHOR = ("sglang-dcp-dspark", "sglang-dcp-dspark@users.noreply.github.com")
+_DATE = "2026-11-29T00:00:00+0000"
+
+
+def _git_env() -> dict[str, str]:
+    name, email = _AUTHOR
+    return dict(
+        os.environ,
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=email,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=email,
+        GIT_AUTHOR_DATE=_DATE,
+        GIT_COMMITTER_DATE=_DATE,
+        LC_ALL="C",
+    )
+
+
+def _require_empty(out: Path, verb: str) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise DcpDsparkError(
+            f"{out} is not empty; expected a new or empty directory for {verb}; "
+            f"fix: rm -rf {out} and rerun sglang-dcp-dspark {verb}"
+        )
+
+
+def reconstruct_base(source: SglangTree, series: Series, out: Path) -> str:
+    """Rebuild the tree that a series in upstream's form was written against.
+
+    ``source`` is the release that shipped the series (for upstream-pr-35221,
+    sglang 0.5.18). It is copied to ``out`` and the series is reversed there
+    with ``git apply -R``; nothing is edited by hand, so the base is the release
+    minus exactly upstream's hunks. ``revert`` cannot do this: on the release
+    the series reads as "fixed upstream", which is not ours to undo.
+    """
+    require_git()
+    out = Path(out)
+    _require_empty(out, "base")
+    with _Staging(source, series) as staging:
+        if not staging.applies(series.patches, reverse=True):
+            raise DcpDsparkError(
+                f"series {series.name} does not reverse-apply to {source.describe()}; expected the release "
+                f"that shipped it (sglang {series.fixed_upstream}); fix: pip install --no-deps --target DIR "
+                f"'sglang=={series.fixed_upstream}' and pass --from DIR"
+            )
+    skip = shutil.ignore_patterns("__pycache__")
+    if source.layout == "installed":
+        shutil.copytree(source.package, out / "sglang", ignore=skip)
+        for meta in source.root.glob("sglang-*.dist-info"):
+            shutil.copytree(meta, out / meta.name)
+    else:
+        shutil.copytree(source.package, out / "python" / "sglang", ignore=skip)
+        extras = [f for f in series.tree_files(source) if not f.startswith("python/sglang/")]
+        for name in extras + ["python/pyproject.toml"]:
+            if (source.root / name).is_file():
+                (out / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.root / name, out / name)
+    base = locate_tree(out)
+    with _Staging(base, series) as staging:
+        result = staging.git_apply(series.patches, reverse=True)
+        if result.returncode != 0:  # checked above on the same bytes; anything else is a bug
+            raise DcpDsparkError(f"git apply -R failed in staging: {result.stderr.strip().splitlines()[0]}")
+        _write_all(staging.contents(), "base")
+    return f"{series.name}: base rebuilt at {base.package} from {source.describe()}, {len(series.patches)} patch(es) reversed"
+
+
+def workbench(base: SglangTree, series: Series, repo: Path) -> str:
+    """A git working branch for a series; returns the base commit to pass to ``export``.
+
+    The series' files as they are in ``base`` are committed as the base, then
+    the series is ``git am``ed on top, so the branch holds one commit per patch
+    to edit (``git rebase -i``) before re-exporting. Commits carry a fixed
+    identity and date: re-exporting an untouched branch reproduces the
+    committed files byte for byte, which is what CI checks.
+    """
+    git = require_git()
+    repo = Path(repo)
+    _require_empty(repo, "workbench")
+    repo.mkdir(parents=True, exist_ok=True)
+    env = _git_env()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([git, "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True, text=True)
+
+    run("init", "-q", "-b", "main")
+    for name in series.files:
+        source = base.path_of(name)
+        if source.is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, repo / name)
+    run("add", "-A")
+    run("commit", "-q", "--allow-empty", "-m", f"base of {series.name}: {base.describe()}")
+    rev = run("rev-parse", "HEAD").stdout.strip()
+    result = run("am", "-q", "--keep", "--committer-date-is-author-date", *[str(p.path) for p in series.patches])
+    if result.returncode != 0:
+        first = (result.stderr.strip() or result.stdout.strip() or "git am failed").splitlines()[0]
+        raise DcpDsparkError(
+            f"series {series.name} does not git-am onto {base.describe()} ({first}); expected the tree it "
+            f"was written against; fix: sglang-dcp-dspark base --series {series.name} --from DIR --out BASE "
+            "and pass --from BASE"
+        )
+    return rev
