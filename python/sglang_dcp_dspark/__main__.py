@@ -154,6 +154,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="source", required=True, metavar="DIR", help="the tree the series applies to (for upstream-pr-35221: the output of base)")
     p.add_argument("--repo", required=True, metavar="DIR", help="new directory for the git repository")
     p.set_defaults(func=_cmd_workbench)
+
+    from . import preflight
+
+    preflight.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,142 @@
+"""HiCache host-pool sizes under DCP, read off sglang's own pool classes.
+
+No byte formula lives here. Every figure comes from a real
+``MLATokenToKVPool`` / ``MLATokenToKVPoolHost`` built at the full geometry,
+with tensors on torch's "meta" device so that nothing is allocated: the row
+count (ratio or ``--hicache-size``, page alignment), ``logical_size``,
+``size_per_token`` and the buffer's byte size are whatever sglang computes.
+The draft host pool is created by sglang's own draft registration, stock or
+with the plugin's fix, so both sides of the defect are measured the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+from typing import Callable, Iterator
+from unittest import mock
+
+# torch dtypes by --kv-cache-dtype; "auto" follows the model (bf16 for the MLA models this is for).
+KV_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+             "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+@dataclass(frozen=True)
+class MLAKV:
+    """The per-token MLA KV of one model on one rank."""
+
+    layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class HostPoolSize:
+    """One HiCache host pool on one rank, as sglang sizes it."""
+
+    rows: int  # physical rows this rank stores
+    logical_slots: int  # slots the radix tree addresses (rows x dcp_size for the target)
+    page_size: int  # physical page
+    bytes_per_token: int
+    bytes: int  # the pinned buffer
+
+    @classmethod
+    def of(cls, pool) -> HostPoolSize:
+        buffer = pool.kv_buffer
+        nbytes = sum(b.nbytes for b in buffer) if isinstance(buffer, (list, tuple)) else buffer.nbytes
+        return cls(int(pool.size), int(pool.logical_size), int(pool.page_size), int(pool.size_per_token), int(nbytes))
+
+
+@dataclass(frozen=True)
+class HiCacheSizing:
+    """Target and draft host pools of one DCP rank, with the draft sized stock and fixed."""
+
+    dcp_size: int
+    page_size: int  # physical page per rank
+    device_rows: int  # target device pool rows per rank
+    target: HostPoolSize
+    draft_stock: HostPoolSize | None
+    draft_fixed: HostPoolSize | None
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size * self.dcp_size
+
+    def coverage(self, draft: HostPoolSize | None) -> float | None:
+        return None if draft is None else draft.rows / self.target.logical_slots
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["logical_page_size"] = self.logical_page_size
+        out["coverage_stock"] = self.coverage(self.draft_stock)
+        out["coverage_fixed"] = self.coverage(self.draft_fixed)
+        return out
+
+
+@contextlib.contextmanager
+def _unallocated_host_buffers() -> Iterator[None]:
+    """Host pools get meta tensors: full-size geometry, no memory, no pinning, no free-RAM check.
+
+    sglang checks free RAM against the pool inside the constructor; preflight
+    sets the bytes against the target node's RAM itself, so that check is
+    answered with "plenty" here.
+    """
+    import torch
+    from sglang.srt.mem_cache.pool_host import base, common
+
+    plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=1 << 62))
+    with mock.patch.object(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")), \
+            mock.patch.object(common, "_cuda_host_register", lambda buffer: None), \
+            mock.patch.object(base, "psutil", plenty):
+        yield
+
+
+def _device_pool(kv: MLAKV, rows: int, page_size: int):
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    return MLATokenToKVPool(
+        size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), kv_lora_rank=kv.kv_lora_rank,
+        qk_rope_head_dim=kv.qk_rope_head_dim, layer_num=kv.layers, device="meta", enable_memory_saver=False,
+    )
+
+
+def measure(
+    target_kv: MLAKV,
+    draft_kv: MLAKV | None,
+    *,
+    dcp_size: int,
+    device_rows: int,
+    page_size: int,
+    hicache_ratio: float,
+    hicache_size_gb: float = 0,
+    layout: str = "layer_first",
+    register_stock: Callable | None = None,
+    register_fixed: Callable | None = None,
+) -> HiCacheSizing:
+    """Build rank 0's pools at full size on the meta device and register the draft both ways."""
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    from . import hostpool
+
+    geometry = hostpool.Geometry(dcp_size, layout, device_rows=device_rows, page_size=page_size, host_ratio=hicache_ratio)
+    with _unallocated_host_buffers():
+        # HiRadixCache passes the widened (logical) page; the pool stores page_size rows of it per rank.
+        target_pool = MLATokenToKVPoolHost(
+            _device_pool(target_kv, device_rows, page_size), hicache_ratio, hicache_size_gb, page_size * dcp_size,
+            layout, pin_memory=False, device="cpu", dcp_size=dcp_size, dcp_rank=0,
+        )
+        drafts = []
+        for register in (register_stock, register_fixed):
+            if draft_kv is None or register is None:
+                drafts.append(None)
+                continue
+            # The replicated draft is indexed by logical slots: its device pool has device_rows x dcp rows.
+            draft_device = _device_pool(draft_kv, device_rows * dcp_size, page_size * dcp_size)
+            kwargs = hostpool.draft_registration_args(target_pool, geometry, draft_device_pool=draft_device)
+            register(**kwargs)
+            draft = kwargs["tree_cache"].cache_controller.mem_pool_host_draft
+            drafts.append(None if draft is None else HostPoolSize.of(draft))
+    return HiCacheSizing(dcp_size, page_size, device_rows, HostPoolSize.of(target_pool), drafts[0], drafts[1])

@@ -1,0 +1,59 @@
+"""The capacity guard: it stops a draft host pool that cannot hold every logical slot of the target's."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import pytest
+
+from sglang_dcp_dspark import guard, hostpool, plugin
+
+
+@pytest.fixture(scope="module")
+def stock_registration():
+    from sglang.srt.mem_cache import kv_cache_builder
+
+    # The function as sglang ships it, even if a plugin hook is applied in this process.
+    return inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
+
+
+def test_stock_sizing_at_dcp8_is_stopped_with_both_sizes(stock_registration):
+    pair = hostpool.build_pools(hostpool.Geometry(8), register=stock_registration)
+    with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
+        guard.check_draft_host_pool(pair.target_host_pool, pair.draft_host_pool)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"has {pair.draft_host_pool.size} rows" in message
+    assert f"{pair.target_host_pool.logical_size} logical slots" in message
+    assert "dcp_size 8" in message and "sglang-dcp-dspark apply" in message
+    assert caught.value.exit_code == 1
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 8])
+def test_plugin_sizing_passes_the_guard(stock_registration, dcp):
+    fixed = functools.partial(plugin.size_draft_from_logical, stock_registration)
+    pair = hostpool.build_pools(hostpool.Geometry(dcp), register=fixed)  # the hook runs the guard itself
+    assert pair.out_of_bounds_slots() == 0
+
+
+def test_plugin_hook_stops_a_deliberately_wrong_sizing(stock_registration, monkeypatch):
+    from sglang.srt.mem_cache.pool_host import mla
+
+    class HalfDraft(mla.MLATokenToKVPoolHost):
+        def __init__(self, device_pool, host_to_device_ratio, *args, **kwargs):
+            if kwargs.get("pool_label") == "draft":
+                host_to_device_ratio /= 2
+            super().__init__(device_pool, host_to_device_ratio, *args, **kwargs)
+
+    # The registration imports the class at call time, so it builds the halved pool.
+    monkeypatch.setattr(mla, "MLATokenToKVPoolHost", HalfDraft)
+    fixed = functools.partial(plugin.size_draft_from_logical, stock_registration)
+    with pytest.raises(guard.DraftHostPoolTooSmall, match=r"dcp_size 4"):
+        hostpool.build_pools(hostpool.Geometry(4), register=fixed)
+
+
+def test_no_draft_registered_is_not_checked():
+    from types import SimpleNamespace
+
+    guard.check_cache_controller(SimpleNamespace(mem_pool_host=None, mem_pool_host_draft=None))
