@@ -10,7 +10,7 @@ PATCHED := $(TREES)/sglang-$(SGLANG_BASE)-patched
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees demo test bench clean
+.PHONY: setup trees upstream-trees demo test bench clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,33 @@ $(PATCHED)/.stamp: $(STAMP) $(wildcard patches/sglang-$(SGLANG_BASE)/*)
 
 trees: $(PATCHED)/.stamp
 
+# PR #35221 in upstream's form (patches/upstream-pr-35221) is proven against
+# three trees: the stock 0.5.18 release; the PR's parent, which no release
+# holds, rebuilt from 0.5.18 by reversing the series (no hand edits); and that
+# parent with the series applied again.
+UPSTREAM_SERIES  := upstream-pr-35221
+UPSTREAM_FIXED   := 0.5.18
+UPSTREAM_STOCK   := $(TREES)/sglang-$(UPSTREAM_FIXED)
+UPSTREAM_BASE    := $(TREES)/$(UPSTREAM_SERIES)-base
+UPSTREAM_PATCHED := $(TREES)/$(UPSTREAM_SERIES)-base-patched
+
+$(UPSTREAM_STOCK)/.stamp: $(STAMP)
+	rm -rf $(@D)
+	$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang==$(UPSTREAM_FIXED)
+	touch $@
+
+$(UPSTREAM_BASE)/.stamp: $(UPSTREAM_STOCK)/.stamp $(wildcard patches/$(UPSTREAM_SERIES)/*)
+	rm -rf $(@D)
+	$(CLI) base --series $(UPSTREAM_SERIES) --from $(UPSTREAM_STOCK) --out $(@D)
+	touch $@
+
+$(UPSTREAM_PATCHED)/.stamp: $(UPSTREAM_BASE)/.stamp
+	rm -rf $(@D) && cp -r $(UPSTREAM_BASE) $(@D)
+	$(CLI) apply --target $(@D) --series $(UPSTREAM_SERIES)
+	touch $@
+
+upstream-trees: $(UPSTREAM_BASE)/.stamp $(UPSTREAM_PATCHED)/.stamp
+
 demo: setup trees
 	$(CLI) status
 	$(CLI) coverage
@@ -42,6 +69,15 @@ demo: setup trees
 test: setup trees
 	$(PYTEST) test
 	DCP_DSPARK_TREE=patched PYTHONPATH=$(PATCHED) $(PYTEST) test/regression
+	DCP_DSPARK_TREE=upstream-base PYTHONPATH=$(UPSTREAM_BASE) $(PYTEST) test/upstream_pr
+	DCP_DSPARK_TREE=upstream-base-patched PYTHONPATH=$(UPSTREAM_PATCHED) $(PYTEST) test/upstream_pr
+	DCP_DSPARK_TREE=upstream-0.5.18 PYTHONPATH=$(UPSTREAM_STOCK) $(PYTEST) test/upstream_pr
+
+# The PR #35221 parity suite (test/upstream_pr) runs once per upstream tree:
+# on the rebuilt parent the defects are strict xfails and the series' own
+# unittest file must fail exactly its fix tests; re-patched and on stock 0.5.18
+# everything passes. test/test_export.py (default run) needs the parent too.
+test: upstream-trees
 
 clean:
 	rm -rf build $(VENV)

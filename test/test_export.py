@@ -1,0 +1,93 @@
+"""upstream-pr-35221 as files: git am-able onto its rebuilt base, re-exported byte for byte, base and apply verbs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sglang_dcp_dspark import series as series_mod
+from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.errors import DcpDsparkError
+
+SERIES = "upstream-pr-35221"
+TREES = Path(__file__).resolve().parents[1] / "build" / "trees"
+STOCK = TREES / "sglang-0.5.18"
+BASE = TREES / f"{SERIES}-base"
+
+
+def need(tree_dir: Path):
+    if not (tree_dir / "sglang" / "__init__.py").is_file():
+        pytest.fail(f"{tree_dir} is missing; expected the trees of make upstream-trees; fix: make upstream-trees")
+    return locate_tree(tree_dir)
+
+
+@pytest.fixture(scope="module")
+def series():
+    return series_mod.load_series(SERIES)
+
+
+def test_series_git_ams_onto_its_base_and_reexports_byte_for_byte(series, tmp_path):
+    """CI's freshness check: the committed files are exactly what export makes of them."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    base_rev = series_mod.workbench(need(BASE), series, repo)
+    written = series_mod.export(repo, base_rev, SERIES, out_dir=out)
+    assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir())
+    stale = [p.name for p in written if p.read_bytes() != (series.directory / p.name).read_bytes()]
+    assert stale == [], (
+        f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series {SERIES} --from "
+        f"{BASE} --repo R, then sglang-dcp-dspark export --repo R --base <base commit> --series {SERIES}"
+    )
+
+
+def test_workbench_refuses_a_tree_the_series_does_not_am_onto(series, tmp_path):
+    with pytest.raises(DcpDsparkError, match="does not git-am onto") as err:
+        series_mod.workbench(need(STOCK), series, tmp_path / "repo")
+    assert "\n" not in str(err.value) and "fix: sglang-dcp-dspark base" in str(err.value)
+
+
+def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
+    stock = need(STOCK)
+    series_mod.reconstruct_base(stock, series, tmp_path / "base")
+    base = locate_tree(tmp_path / "base")
+    assert series_mod.inspect(base, series).state is series_mod.State.APPLICABLE
+    sources = [f for f in series.files if f.startswith("python/sglang/")]
+    assert len(sources) == 3
+    for name in sources:
+        assert base.path_of(name).read_bytes() != stock.path_of(name).read_bytes(), name
+        assert base.path_of(name).read_bytes() == need(BASE).path_of(name).read_bytes(), name
+
+
+def test_base_refuses_a_tree_without_the_fix(series, tmp_path):
+    with pytest.raises(DcpDsparkError, match="does not reverse-apply") as err:
+        series_mod.reconstruct_base(need(BASE), series, tmp_path / "base")
+    assert "\n" not in str(err.value) and "fix: pip install --no-deps --target DIR 'sglang==0.5.18'" in str(err.value)
+    assert not (tmp_path / "base").exists()
+
+
+def test_base_refuses_a_non_empty_out(series, tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "keep").write_text("x")
+    with pytest.raises(DcpDsparkError, match="is not empty"):
+        series_mod.reconstruct_base(need(STOCK), series, tmp_path / "base")
+    assert (tmp_path / "base" / "keep").read_text() == "x"
+
+
+def test_apply_on_the_base_gives_the_release_and_reads_fixed_upstream(series, tmp_path):
+    """A full apply of a series in upstream's form reads as "fixed upstream", and that is success."""
+    root = tmp_path / "site-packages"
+    shutil.copytree(need(BASE).package, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    tree = locate_tree(root)
+    assert "applied 4 patch(es)" in series_mod.apply(tree, series)
+    status = series_mod.inspect(tree, series)
+    assert status.state is series_mod.State.FIXED_UPSTREAM and status.applied == len(series.patches)
+    for name in series.files:
+        if name.startswith("python/sglang/"):
+            assert tree.path_of(name).read_bytes() == need(STOCK).path_of(name).read_bytes(), name
+
+
+def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
+    stock = need(STOCK)
+    assert series_mod.inspect(stock, series).state is series_mod.State.FIXED_UPSTREAM
+    assert "already carries the fix" in series_mod.apply(stock, series)
