@@ -61,14 +61,15 @@ upstream-trees: $(UPSTREAM_BASE)/.stamp $(UPSTREAM_PATCHED)/.stamp
 
 demo: setup trees
 	$(CLI) status
-	$(CLI) coverage
-	PYTHONPATH=$(PATCHED) $(CLI) coverage
+	$(CLI) preflight
 
-# The regression tests run twice: on the stock tree they must fail (strict
-# xfail), on the patched tree they must pass.
+# The regression tests run three times: on the stock tree they must fail
+# (strict xfail); on the patched tree, and on the stock tree with the
+# installed plugin loaded, they must pass.
 test: setup trees
 	$(PYTEST) test
 	DCP_DSPARK_TREE=patched PYTHONPATH=$(PATCHED) $(PYTEST) test/regression
+	DCP_DSPARK_TREE=plugin $(PYTEST) test/regression
 	DCP_DSPARK_TREE=upstream-base PYTHONPATH=$(UPSTREAM_BASE) $(PYTEST) test/upstream_pr
 	DCP_DSPARK_TREE=upstream-base-patched PYTHONPATH=$(UPSTREAM_PATCHED) $(PYTEST) test/upstream_pr
 	DCP_DSPARK_TREE=upstream-0.5.18 PYTHONPATH=$(UPSTREAM_STOCK) $(PYTEST) test/upstream_pr

@@ -5,6 +5,8 @@
   ``regression`` describe the fixed behaviour, so here they must fail with an
   AssertionError; they are strict xfails, and one that passes fails the run.
 - ``patched``: PYTHONPATH points at a copy with the 0.5.17 series applied.
+- ``plugin``: the stock tree, with sglang's load_plugins() run first, so the
+  installed dcp_dspark plugin hooks it at run time.
 Unmarked tests are invariants that must hold on every tree.
 """
 
@@ -23,6 +25,7 @@ TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 EXPECTED_SERIES_STATE = {
     "stock": series_mod.State.APPLICABLE,
     "patched": series_mod.State.APPLIED,
+    "plugin": series_mod.State.APPLICABLE,  # the stock tree, fixed at run time by the installed plugin
 }
 
 
@@ -42,6 +45,18 @@ def _tree_is_what_the_label_says():
     tree = locate_tree(None)
     got = series_mod.inspect(tree, series_mod.load_series("sglang-0.5.17")).state
     assert got is want, f"DCP_DSPARK_TREE={TREE} but {tree.describe()} reads as {got.value}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plugin_loaded():
+    if TREE == "plugin":
+        # As sglang's schedulers do: kv_cache_builder is imported, then
+        # load_plugins() finds the plugin through its installed entry point;
+        # nothing of sglang is edited.
+        from sglang.srt.mem_cache import kv_cache_builder  # noqa: F401
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -74,6 +74,8 @@ def test_ratio_follows_logical_size_with_mock_pools():
         set_draft_kv_pool=mock.MagicMock(),
     )
     with mock.patch("sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost") as host_cls:
+        # The rows a ratio of 1.0 builds; the capacity guard (series 0003) reads them.
+        host_cls.return_value.size = 800
         kv_cache_builder.maybe_register_hicache_draft(
             tree_cache=SimpleNamespace(cache_controller=controller),
             draft_worker=SimpleNamespace(
