@@ -10,7 +10,7 @@ PATCHED := $(TREES)/sglang-$(SGLANG_BASE)-patched
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees demo test bench clean
+.PHONY: setup trees upstream-trees next-trees demo test bench clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,25 @@ $(UPSTREAM_PATCHED)/.stamp: $(UPSTREAM_BASE)/.stamp
 
 upstream-trees: $(UPSTREAM_BASE)/.stamp $(UPSTREAM_PATCHED)/.stamp
 
+# patches/upstream-next is proposed against the newest release on the index:
+# its stock tree, and a copy with the series applied.
+NEXT_SERIES  := upstream-next
+NEXT_RELEASE := 0.5.23
+NEXT_STOCK   := $(TREES)/sglang-$(NEXT_RELEASE)
+NEXT_PATCHED := $(TREES)/sglang-$(NEXT_RELEASE)-next
+
+$(NEXT_STOCK)/.stamp: $(STAMP)
+	rm -rf $(@D)
+	$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang==$(NEXT_RELEASE)
+	touch $@
+
+$(NEXT_PATCHED)/.stamp: $(NEXT_STOCK)/.stamp $(wildcard patches/$(NEXT_SERIES)/*)
+	rm -rf $(@D) && cp -r $(NEXT_STOCK) $(@D)
+	$(CLI) apply --target $(@D) --series $(NEXT_SERIES)
+	touch $@
+
+next-trees: $(NEXT_STOCK)/.stamp $(NEXT_PATCHED)/.stamp
+
 demo: setup trees
 	$(CLI) status
 	$(CLI) preflight
@@ -73,12 +92,20 @@ test: setup trees
 	DCP_DSPARK_TREE=upstream-base PYTHONPATH=$(UPSTREAM_BASE) $(PYTEST) test/upstream_pr
 	DCP_DSPARK_TREE=upstream-base-patched PYTHONPATH=$(UPSTREAM_PATCHED) $(PYTEST) test/upstream_pr
 	DCP_DSPARK_TREE=upstream-0.5.18 PYTHONPATH=$(UPSTREAM_STOCK) $(PYTEST) test/upstream_pr
+	$(CLI) status --target $(NEXT_STOCK)
+	DCP_DSPARK_TREE=next-stock PYTHONPATH=$(NEXT_STOCK) $(PYTEST) test/upstream_next
+	DCP_DSPARK_TREE=next-patched PYTHONPATH=$(NEXT_PATCHED) $(PYTEST) test/upstream_next
 
 # The PR #35221 parity suite (test/upstream_pr) runs once per upstream tree:
 # on the rebuilt parent the defects are strict xfails and the series' own
 # unittest file must fail exactly its fix tests; re-patched and on stock 0.5.18
 # everything passes. test/test_export.py (default run) needs the parent too.
 test: upstream-trees
+
+# The upstream-next suite (test/upstream_next) runs on stock 0.5.23, where the
+# budget and guard tests are strict xfails and the series' unittest file fails
+# exactly its fix tests, and on the patched copy, where everything passes.
+test: next-trees
 
 clean:
 	rm -rf build $(VENV)

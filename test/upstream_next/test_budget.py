@@ -1,0 +1,111 @@
+"""Draft-aware HiCache budget, auto-size estimate and draft sidecar guard, on sglang 0.5.23's own pools at full scale."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from . import pools as P
+
+DCP_SIZES = (1, 2, 8)
+# Issue #5's example: a DeepSeek-V3-like target (61 MLA layers) whose host pool
+# holds 1M physical rows per rank (500k device rows at --hicache-ratio 2), and
+# a one-layer bf16 MLA draft, 1,152 bytes per token.
+FULL_SCALE = dict(device_rows=500_000, target_layers=61, draft_layers=1)
+HICACHE_SIZE_GB = 100
+
+
+def build(dcp: int, **kw) -> P.Pools:
+    rank = P.Rank(dcp, **{**FULL_SCALE, **kw})
+    with P.on_rank(rank):
+        return P.build(rank)
+
+
+@pytest.mark.parametrize("dcp", DCP_SIZES)
+def test_the_draft_sidecar_holds_every_logical_slot(dcp):
+    """What 0.5.23 already does (PR #35221 plus host_token_capacity): one draft row per logical slot."""
+    pools = build(dcp)
+    assert pools.draft_host.size == pools.target_host.logical_size == pools.target_host.size * dcp
+
+
+def test_issue_example_costs_dcp_size_times_the_draft_rows():
+    """DCP8: 1M target rows bring 8M draft rows, about 9.2 GB pinned per rank where dcp 1 pins 1.15 GB."""
+    one, eight = build(1), build(8)
+    assert one.target_host.size == eight.target_host.size == 1_000_064
+    assert (one.draft_host.size, eight.draft_host.size) == (1_000_064, 8_000_512)
+    assert eight.draft_host.size_per_token == 1152
+    assert round(one.draft_bytes / 1e9, 2) == 1.15
+    assert round(eight.draft_bytes / 1e9, 2) == 9.22
+
+
+@pytest.mark.regression
+@pytest.mark.parametrize("dcp", DCP_SIZES)
+def test_hicache_size_holds_target_and_draft(dcp):
+    pools = build(dcp, hicache_size=HICACHE_SIZE_GB)
+    budget = HICACHE_SIZE_GB * 1e9
+    # One padding page past the budget, as for a target-only pool.
+    assert pools.pinned_bytes <= budget + pools.page_bytes, (
+        f"dcp {dcp}: --hicache-size {HICACHE_SIZE_GB} pins {pools.pinned_bytes / 1e9:.2f} GB "
+        f"(target {pools.target_bytes / 1e9:.2f} + draft {pools.draft_bytes / 1e9:.2f})"
+    )
+    assert pools.draft_host.size == pools.target_host.logical_size
+
+
+def test_opt_out_restores_the_target_only_budget():
+    """SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1 gives the target the whole budget, as stock 0.5.23 does."""
+    with mock.patch.dict("os.environ", {"SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT": "1"}):
+        pools = build(8, hicache_size=HICACHE_SIZE_GB)
+    assert pools.target_bytes == pytest.approx(HICACHE_SIZE_GB * 1e9, abs=pools.page_bytes)
+
+
+@pytest.mark.parametrize("dcp", DCP_SIZES)
+def test_ratio_sizing_ignores_the_draft(dcp):
+    pools = build(dcp, hicache_ratio=2.0)
+    assert pools.target_host.size == 1_000_064
+
+
+@pytest.mark.parametrize("dcp", [pytest.param(d, marks=[pytest.mark.regression] if d > 1 else []) for d in DCP_SIZES])
+def test_auto_size_estimate_covers_what_is_pinned(dcp):
+    """Auto-sizing picks the ratio so that estimate x ratio fits the host budget; the pools must not pin more."""
+    rank = P.Rank(dcp, **FULL_SCALE, hicache_ratio=2.0)
+    with P.on_rank(rank):
+        pools = P.build(rank)
+        estimate = P.auto_size_estimate(pools)
+    assert pools.pinned_bytes <= estimate * rank.hicache_ratio, (
+        f"dcp {dcp}: estimate x ratio {estimate * rank.hicache_ratio / 1e9:.2f} GB, "
+        f"pinned {pools.pinned_bytes / 1e9:.2f} GB"
+    )
+
+
+@pytest.mark.regression
+def test_a_short_draft_sidecar_stops_startup_with_one_line():
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
+
+    build_host_pool = assembler._build_mha_mla_host_pool
+
+    def physical_rows(**kwargs):
+        # The sizing of releases before PR #35221: one draft row per physical target row.
+        kwargs["host_token_capacity"] = None
+        kwargs["host_to_device_ratio"] /= 8
+        return build_host_pool(**kwargs)
+
+    rank = P.Rank(8, **FULL_SCALE)
+    with P.on_rank(rank), mock.patch.object(assembler, "_build_mha_mla_host_pool", physical_rows):
+        error = None
+        try:
+            P.build(rank)
+        except ValueError as exc:
+            error = str(exc)
+    assert error is not None, "a draft sidecar with physical rows was accepted"
+    assert "\n" not in error
+    assert "8000512 logical slots (1000064 rows x dcp_size 8)" in error
+    assert "host pool has 1000448 rows" in error
+    assert "--enable-hierarchical-cache" in error
+
+
+def test_a_host_budget_short_of_the_draft_fails_at_startup():
+    """What 0.5.23 already does: each host pool is checked against the budget as it is allocated."""
+    fits = build(8)
+    with pytest.raises(ValueError, match="Not enough host memory"):
+        build(8, host_memory=fits.target_bytes)

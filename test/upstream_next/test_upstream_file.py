@@ -1,0 +1,61 @@
+"""The series' own upstream-style test file, run with unittest on this tree: its fix tests fail on stock 0.5.23, all pass patched."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import unittest
+
+import pytest
+
+from .conftest import expect_fixed
+
+TEST_FILE = "test/registered/unit/mem_cache/test_hicache_dcp_draft_budget.py"
+# The tests that describe the change, and what stock 0.5.23 does in each: on
+# stock exactly these fail, for exactly these reasons.
+FIX_TESTS = {
+    "TestHiCacheSizeBudget.test_target_and_dcp_draft_fit_hicache_size": "not less than or equal to",
+    "TestHiCacheSizeBudget.test_opt_out_gives_the_target_the_whole_budget": "no attribute 'SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT'",
+    "TestAutoSizeDraftBytes.test_estimate_covers_the_pinned_draft_sidecar": "not less than or equal to",
+    "TestDraftSidecarGuard.test_short_draft_host_pool_stops_startup": "ValueError not raised",
+    "TestDraftSidecarGuard.test_pinned_host_memory_is_logged_with_the_draft_share": "AssertionError",
+}
+TESTS_IN_FILE = 7
+
+
+@pytest.fixture(scope="module")
+def upstream_result(series, tmp_path_factory):
+    """Extract the test file from the patches (git apply of its hunks alone) and run it."""
+    # CustomTestCase retries a failing test (with a back-off sleep) in CI; one try is the result.
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SGLANG_TEST_MAX_RETRY", "0")
+    out = tmp_path_factory.mktemp("upstream-next-test")
+    subprocess.run(["git", "init", "-q", str(out)], check=True)
+    subprocess.run(["git", "apply", "--include=test/*", *[str(p.path) for p in series.patches]], cwd=out, check=True)
+    spec = importlib.util.spec_from_file_location("upstream_test_hicache_dcp_draft_budget", out / TEST_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = unittest.TestResult()
+    try:
+        unittest.defaultTestLoader.loadTestsFromModule(module).run(result)
+    finally:
+        mp.undo()
+    return result
+
+
+def short_id(test) -> str:
+    # A failing subTest reports as "<test id> (dcp_size=N)"; count it once, under its test.
+    return ".".join(test.id().split(" ")[0].split(".")[-2:])
+
+
+def test_it_ran_every_test(upstream_result):
+    assert upstream_result.testsRun == TESTS_IN_FILE
+
+
+def test_exactly_the_fix_tests_fail_on_stock_and_none_patched(upstream_result):
+    failed: dict[str, str] = {}
+    for test, text in upstream_result.failures + upstream_result.errors:
+        failed.setdefault(short_id(test), text)
+    assert sorted(failed) == ([] if expect_fixed() else sorted(FIX_TESTS))
+    for name, text in failed.items():
+        assert FIX_TESTS[name] in text, f"{name} failed for another reason:\n{text}"
