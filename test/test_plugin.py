@@ -44,8 +44,10 @@ def test_on_stock_sglang_the_plugin_fixes_launcher_and_spawned_scheduler(tiny_ml
         assert got[where]["out_of_bounds"] == 0, where
         assert got[where]["coverage"] >= 1.0, where
         assert set(got[where]["findings"].values()) == {"NEEDS_FIX"}, where
-    # One line per target, and a second register() adds none.
-    assert len(got["plugin_log"]) == 2 and all(line.startswith("INFO dcp_dspark: hooking") for line in got["plugin_log"])
+    # One line per target, and a second register() adds none; the draft registration adds what HiCache pins.
+    decisions = [line for line in got["plugin_log"] if line.startswith("INFO dcp_dspark:")]
+    assert len(decisions) == 2 and all(line.startswith("INFO dcp_dspark: hooking") for line in decisions)
+    assert any(line.startswith("INFO HiCache pins") and "dcp_size 8" in line for line in got["plugin_log"])
 
 
 def test_sglang_plugins_naming_another_plugin_keeps_it_off(tiny_mla_model):

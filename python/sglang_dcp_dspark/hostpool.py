@@ -35,6 +35,7 @@ class Geometry:
     device_rows: int = DEVICE_ROWS
     page_size: int = PAGE_SIZE
     host_ratio: float = HOST_RATIO
+    hicache_size_gb: float = 0.0  # --hicache-size; 0 sizes from host_ratio
     target_layers: int = TARGET_LAYERS
     draft_layers: int = DRAFT_LAYERS
     kv_lora_rank: int = KV_LORA_RANK
@@ -106,15 +107,16 @@ def _mla_device_pool(rows: int, page_size: int, layers: int, g: Geometry):
     )
 
 
-def build_target_host_pool(g: Geometry):
+def build_target_host_pool(g: Geometry, device_pool=None, hicache_size_gb: float | None = None):
     """The target's HiCache host pool as HiRadixCache builds it for one DCP rank."""
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-    device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
+    if device_pool is None:
+        device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
     return MLATokenToKVPoolHost(
         device_pool,
         g.host_ratio,
-        0,
+        g.hicache_size_gb if hicache_size_gb is None else hicache_size_gb,
         g.logical_page_size,  # HiRadixCache passes the widened page
         g.layout,
         pin_memory=False,
@@ -138,27 +140,96 @@ class _ControllerStandIn:
         self.mem_pool_host_draft = draft_host_pool
 
 
+def _draft_device_pool(g: Geometry):
+    # The replicated draft is indexed by the target's logical slots.
+    return _mla_device_pool(g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers, g)
+
+
+def _draft_worker(draft_device_pool) -> SimpleNamespace:
+    """The draft worker as the scheduler holds it: V2 workers nest the runner under ``draft_worker``."""
+    runner = SimpleNamespace(token_to_kv_pool=draft_device_pool)
+    return SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner), alloc_memory_pool=lambda **_: None)
+
+
+def server_args_for(g: Geometry, **overrides) -> SimpleNamespace:
+    """The ServerArgs fields that HiCache sizing and draft registration read."""
+    fields = dict(
+        enable_hierarchical_cache=True,
+        enable_multi_layer_eagle=False,
+        hicache_mem_layout=g.layout,
+        hicache_storage_backend=None,
+        hicache_ratio=g.host_ratio,
+        hicache_size=g.hicache_size_gb,
+        dcp_size=g.dcp_size,
+        tp_size=g.dcp_size,
+        pp_size=1,
+        nnodes=1,
+    )
+    fields.update(overrides)
+    return SimpleNamespace(**fields)
+
+
 def draft_registration_args(target_host_pool, g: Geometry, draft_device_pool=None) -> dict:
     """Keyword arguments for ``maybe_register_hicache_draft`` around real pools."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    if draft_device_pool is None:
-        # The replicated draft is indexed by the target's logical slots.
-        draft_device_pool = _mla_device_pool(g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers, g)
-    runner = SimpleNamespace(token_to_kv_pool=draft_device_pool)
     return dict(
         tree_cache=SimpleNamespace(cache_controller=_ControllerStandIn(target_host_pool)),
-        draft_worker=SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner)),
+        draft_worker=_draft_worker(draft_device_pool if draft_device_pool is not None else _draft_device_pool(g)),
         spec_algorithm=SpeculativeAlgorithm.DSPARK,
-        server_args=SimpleNamespace(
-            enable_multi_layer_eagle=False,
-            hicache_mem_layout=g.layout,
-            hicache_storage_backend=None,
-            dcp_size=g.dcp_size,
-        ),
+        server_args=server_args_for(g),
         enable_hierarchical_cache=True,
         page_size=g.logical_page_size,
     )
+
+
+def scheduler_stand_in(g: Geometry, server_args=None) -> SimpleNamespace:
+    """What ``Scheduler.init_memory_pools`` touches, around real device pools.
+
+    Loading weights and allocating on a GPU are the steps skipped: the device
+    pools are built directly, and the workers' allocation calls do nothing.
+    """
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    target_device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
+    runner = SimpleNamespace(token_to_kv_pool=target_device_pool, memory_pool_config=None)
+    return SimpleNamespace(
+        server_args=server_args if server_args is not None else server_args_for(g),
+        spec_algorithm=SpeculativeAlgorithm.DSPARK,
+        enable_hierarchical_cache=True,
+        init_target_memory_pool=lambda: None,
+        tp_worker=SimpleNamespace(model_runner=runner, get_memory_pool=lambda: (None, None)),
+        draft_worker=_draft_worker(_draft_device_pool(g)),
+    )
+
+
+def start_hicache(g: Geometry, *, init_memory_pools: Callable | None = None, register: Callable | None = None):
+    """The scheduler's HiCache start-up on real pools: memory pools, target host pool, draft registration.
+
+    ``init_memory_pools`` and ``register`` default to the imported sglang's
+    ``Scheduler.init_memory_pools`` and ``maybe_register_hicache_draft``,
+    looked up at call time, so a patched tree or the plugin's hooks run.
+    Returns the pools and the server args as the scheduler left them.
+    """
+    if init_memory_pools is None:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        init_memory_pools = Scheduler.init_memory_pools
+    if register is None:
+        from sglang.srt.mem_cache import kv_cache_builder
+
+        register = kv_cache_builder.maybe_register_hicache_draft
+    scheduler = scheduler_stand_in(g)
+    init_memory_pools(scheduler)
+    args = scheduler.server_args
+    target = build_target_host_pool(
+        g, device_pool=scheduler.tp_worker.model_runner.token_to_kv_pool, hicache_size_gb=args.hicache_size
+    )
+    kwargs = draft_registration_args(target, g, scheduler.draft_worker.draft_worker.draft_runner.token_to_kv_pool)
+    kwargs["server_args"] = args
+    with unpinned_host_memory():
+        register(**kwargs)
+    return PoolPair(g, target, kwargs["tree_cache"].cache_controller.mem_pool_host_draft), args
 
 
 @contextlib.contextmanager

@@ -9,7 +9,11 @@ scheduler process. Its only effect is hooks registered with sglang's
   DSPARK through the HiCache+DCP gate and leaves every other gate to sglang;
 - an AROUND hook on ``kv_cache_builder.maybe_register_hicache_draft`` that
   makes sglang's own registration size the draft host pool from the target's
-  ``logical_size``, then checks the result with :mod:`guard`.
+  ``logical_size``, then checks the result with :mod:`guard` and logs what
+  HiCache pins per rank;
+- an AROUND hook on ``Scheduler.init_memory_pools`` that counts the draft host
+  pool in ``--hicache-size`` and stops a launch whose host pools cannot fit in
+  free RAM (:mod:`budget`).
 
 Each hook is registered only after asking the code it would patch how it
 behaves: a resolver that already admits DSPARK, or a registration that already
@@ -17,8 +21,8 @@ covers the logical slots (sglang 0.5.18+, or the series applied), is left
 alone with one info line; code that does not behave like 0.5.17 is left alone
 with one warning.
 
-Importing ``kv_cache_builder`` costs seconds, and only schedulers register a
-draft, so a module that is not imported yet is not imported here: the hook is
+Importing ``kv_cache_builder`` or the scheduler costs seconds, and only
+schedulers register a draft, so a module that is not imported yet is not imported here: the hook is
 registered the moment something else imports it.
 """
 
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 PLUGIN_NAME = "dcp_dspark"
 SERVER_ARGS = "sglang.srt.server_args"
 KV_CACHE_BUILDER = "sglang.srt.mem_cache.kv_cache_builder"
+SCHEDULER = "sglang.srt.managers.scheduler"
+INIT_MEMORY_POOLS = f"{SCHEDULER}.Scheduler.init_memory_pools"
 RESOLVER = f"{SERVER_ARGS}.ServerArgs._resolve_hicache_dcp_compatibility"
 DRAFT_REGISTRATION = f"{KV_CACHE_BUILDER}.maybe_register_hicache_draft"
 FIXED_UPSTREAM_IN = "0.5.18"
@@ -46,6 +52,7 @@ class Verdict(enum.Enum):
     NEEDS_FIX = "needs the fix"
     FIXED = "already fixed"
     UNRECOGNISED = "not recognised"
+    OUT_OF_SCOPE = "not for this release"
 
 
 @dataclass(frozen=True)
@@ -203,8 +210,56 @@ def size_draft_from_logical(original: Callable, *args, **kwargs):
     controller = getattr(tree_cache, "cache_controller", None)
     if controller is None or getattr(controller, "mem_pool_host", None) is None:
         return original(*args, **kwargs)
+    from . import budget
+
     result = original(*args, **{**kwargs, "tree_cache": logical_rows_view(tree_cache)})
     guard.check_cache_controller(controller)
+    budget.log_pinned(controller)
+    return result
+
+
+# ------------------------------------------------------- host memory budget
+
+
+def budget_verdict(init_memory_pools: Callable | None = None) -> Finding:
+    """Does the scheduler count the draft host pool in --hicache-size?
+
+    Asked of the real ``Scheduler.init_memory_pools`` on a stand-in scheduler
+    around tiny device pools: one that already fits the budget (the 0.5.17
+    series' patch 0004) changes ``hicache_size``, stock 0.5.17 does not. The
+    hook is written against 0.5.17's scheduler; newer releases size their host
+    pools elsewhere (patches/upstream-next carries the budget for them).
+    """
+    from . import hostpool
+    from .compat import installed_sglang_version, parse_version
+
+    version = installed_sglang_version()
+    parsed = parse_version(version)
+    if parsed is not None and parsed >= parse_version(FIXED_UPSTREAM_IN):
+        return Finding(INIT_MEMORY_POOLS, Verdict.OUT_OF_SCOPE, f"the budget hook is for sglang 0.5.17, found {version}")
+    if init_memory_pools is None:
+        from sglang.srt.managers.scheduler import Scheduler
+
+        init_memory_pools = getattr(Scheduler, "init_memory_pools", None)
+    if init_memory_pools is None:
+        return Finding(INIT_MEMORY_POOLS, Verdict.UNRECOGNISED, "Scheduler has no init_memory_pools")
+    probe = hostpool.Geometry(dcp_size=2, device_rows=64, page_size=16, target_layers=1, hicache_size_gb=1.0)
+    scheduler = hostpool.scheduler_stand_in(probe)
+    try:
+        init_memory_pools(scheduler)
+    except Exception as exc:
+        return Finding(INIT_MEMORY_POOLS, Verdict.UNRECOGNISED, f"budget probe failed: {type(exc).__name__}: {exc}")
+    if scheduler.server_args.hicache_size != probe.hicache_size_gb:
+        return Finding(INIT_MEMORY_POOLS, Verdict.FIXED, "init_memory_pools already counts the draft in --hicache-size")
+    return Finding(INIT_MEMORY_POOLS, Verdict.NEEDS_FIX, "--hicache-size sizes the target host pool alone")
+
+
+def count_draft_in_budget(original: Callable, scheduler, *args, **kwargs):
+    """AROUND hook for ``Scheduler.init_memory_pools``: device pools first, then the host budget."""
+    from . import budget
+
+    result = original(scheduler, *args, **kwargs)
+    budget.fit_hicache_size(scheduler)
     return result
 
 
@@ -232,7 +287,7 @@ def _decide(target: str, judge: Callable[[], Finding], hook: Callable) -> None:
     if finding.verdict is Verdict.NEEDS_FIX:
         HookRegistry.register(target, hook, HookType.AROUND)
         logger.info("%s: hooking %s: %s", PLUGIN_NAME, target, finding.detail)
-    elif finding.verdict is Verdict.FIXED:
+    elif finding.verdict in (Verdict.FIXED, Verdict.OUT_OF_SCOPE):
         logger.info("%s: leaving %s alone: %s", PLUGIN_NAME, target, finding.detail)
     else:
         logger.warning("%s: not patching %s, code not recognised: %s", PLUGIN_NAME, target, finding.detail)
@@ -286,3 +341,4 @@ def register() -> None:
     """Entry point for sglang's ``load_plugins()``; safe to call more than once."""
     _when_imported(SERVER_ARGS, lambda late: _hook(RESOLVER, resolver_verdict, admit_dspark, late))
     _when_imported(KV_CACHE_BUILDER, lambda late: _hook(DRAFT_REGISTRATION, registration_verdict, size_draft_from_logical, late))
+    _when_imported(SCHEDULER, lambda late: _hook(INIT_MEMORY_POOLS, budget_verdict, count_draft_in_budget, late))

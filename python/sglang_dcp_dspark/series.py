@@ -202,18 +202,38 @@ class _Staging:
     def __exit__(self, *exc) -> None:
         self._dir.cleanup()
 
-    def git_apply(self, patches, *, reverse: bool = False, check: bool = False) -> subprocess.CompletedProcess:
+    def _git_apply_one(self, root: Path, patch: Patch, reverse: bool) -> subprocess.CompletedProcess:
         args = [require_git(), "apply", f"-p{self.tree.strip}"]
         if self.tree.layout == "installed":
             args.append("--include=sglang/*")
         if reverse:
             args.append("-R")
-        if check:
-            args.append("--check")
-        ordered = list(reversed(patches)) if reverse else list(patches)
-        args += [str(p.path) for p in ordered]
-        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(self.root.parent), LC_ALL="C")
-        return subprocess.run(args, cwd=self.root, env=env, capture_output=True, text=True)
+        args.append(str(patch.path))
+        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent), LC_ALL="C")
+        return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+
+    def git_apply(self, patches, *, reverse: bool = False, check: bool = False) -> subprocess.CompletedProcess:
+        """Apply patches in order (-R: last first), one ``git apply`` each; the first failure stops.
+
+        One ``git apply`` given several patches does not chain a third change to
+        the same file onto the first two, so each patch gets its own run. With
+        ``check`` they run on a throwaway copy and staging stays as it was.
+        """
+        scratch = tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-check-") if check else None
+        root = self.root
+        try:
+            if scratch is not None:
+                root = Path(scratch.name)
+                shutil.copytree(self.root, root, dirs_exist_ok=True)
+            result = subprocess.CompletedProcess([], 0, "", "")
+            for patch in (list(reversed(patches)) if reverse else list(patches)):
+                result = self._git_apply_one(root, patch, reverse)
+                if result.returncode != 0:
+                    break
+            return result
+        finally:
+            if scratch is not None:
+                scratch.cleanup()
 
     def applies(self, patches, *, reverse: bool = False) -> bool:
         return not patches or self.git_apply(patches, reverse=reverse, check=True).returncode == 0

@@ -140,3 +140,76 @@ def measure(
             draft = kwargs["tree_cache"].cache_controller.mem_pool_host_draft
             drafts.append(None if draft is None else HostPoolSize.of(draft))
     return HiCacheSizing(dcp_size, page_size, device_rows, HostPoolSize.of(target_pool), drafts[0], drafts[1])
+
+
+def host_bytes_per_token(device_pool) -> int:
+    """Bytes per token that sglang's host-pool class charges for mirroring ``device_pool``.
+
+    The host class's own ``get_size_per_token`` runs on an instance that skips
+    ``__init__``, so nothing is allocated and the answer follows whatever the
+    installed sglang counts (layer sharding, kv_cache_dim overrides, dtype).
+    """
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import get_mha_host_pool_cls
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    cls = MLATokenToKVPoolHost if isinstance(device_pool, MLATokenToKVPool) else get_mha_host_pool_cls(device_pool)
+    host = object.__new__(cls)
+    host.device_pool = device_pool
+    host.dtype = device_pool.store_dtype
+    host.override_kv_cache_dim = None
+    return int(host.get_size_per_token())
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """One rank's ``--hicache-size`` shared between the target and the replicated draft.
+
+    Every target row costs ``target_bytes_per_token`` and brings ``dcp_size``
+    logical slots, each of which needs a draft row: so a budget of B bytes buys
+    B / (t + dcp_size * d) target rows. Upstream's open PR #35875 divides by
+    t + d, which under DCP pins up to dcp_size times the draft it budgeted.
+
+    sglang rounds every host pool up past its last whole page, so one target
+    page and two draft pages (each dcp_size rows per physical row) are held
+    back to keep what is pinned inside the budget.
+    """
+
+    budget_bytes: int
+    target_bytes_per_token: int
+    draft_bytes_per_token: int
+    dcp_size: int
+    page_size: int = 0  # physical page of the target host pool
+
+    @property
+    def rounding_bytes(self) -> int:
+        return self.page_size * (self.target_bytes_per_token + 2 * self.dcp_size * self.draft_bytes_per_token)
+
+    @property
+    def bytes_per_target_row(self) -> int:
+        return self.target_bytes_per_token + self.dcp_size * self.draft_bytes_per_token
+
+    @property
+    def target_share(self) -> float:
+        return self.target_bytes_per_token / self.bytes_per_target_row
+
+    @property
+    def target_rows(self) -> int:
+        return max(0, self.budget_bytes - self.rounding_bytes) // self.bytes_per_target_row
+
+    @property
+    def draft_rows(self) -> int:
+        return self.target_rows * self.dcp_size
+
+    @property
+    def target_budget_bytes(self) -> int:
+        return self.target_rows * self.target_bytes_per_token
+
+    @property
+    def draft_budget_bytes(self) -> int:
+        return self.draft_rows * self.draft_bytes_per_token
+
+    @property
+    def share_without_dcp(self) -> float:
+        """The target share PR #35875 would give: it misses the dcp factor."""
+        return self.target_bytes_per_token / (self.target_bytes_per_token + self.draft_bytes_per_token)

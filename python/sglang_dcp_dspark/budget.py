@@ -1,0 +1,152 @@
+"""Count the replicated draft in HiCache's host-memory budget, and refuse launches that cannot fit.
+
+With the fix, the DSPARK draft host pool has one row per *logical* slot of the
+target host pool: dcp_size rows for every target row, pinned on every rank.
+sglang 0.5.17 sizes only the target from ``--hicache-size`` and pins the draft
+on top, so a launch that passes validation can pin several times its budget and
+be OOM-killed after the weights load. The plugin runs :func:`fit_hicache_size`
+right after the scheduler allocates its device pools (both the target's and the
+draft's exist then, and no host pool does yet):
+
+- with ``--hicache-size``, the target's share shrinks to t / (t + dcp_size * d)
+  of it, so target plus draft fit the budget;
+- with ``--hicache-ratio`` only, the pinned total and the draft's share are
+  logged once, after the draft registers (:func:`log_pinned`);
+- when not even a host pool that mirrors the device pool once fits this rank's
+  share of free RAM, startup stops with the numbers.
+
+``SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1`` restores sglang's unbudgeted sizing
+(the same switch as the 0.5.17 series' patch 0004 and patches/upstream-next).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .errors import DcpDsparkError
+from .sizing import BudgetSplit, host_bytes_per_token
+
+logger = logging.getLogger(__name__)
+
+UNBUDGETED_ENV = "SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT"
+GB = 1e9  # --hicache-size is in decimal gigabytes (HostKVCache: host_size * 1e9)
+
+
+class HostMemoryTooSmall(DcpDsparkError):
+    """Raised while the scheduler starts, before any host pool is pinned."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=1)
+
+
+def unbudgeted() -> bool:
+    return os.environ.get(UNBUDGETED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def local_ranks(server_args) -> int:
+    """Ranks that share this host's RAM: the launcher spreads tp x pp evenly over nnodes."""
+    world = int(getattr(server_args, "tp_size", 1)) * int(getattr(server_args, "pp_size", 1))
+    return max(1, world // max(1, int(getattr(server_args, "nnodes", 1))))
+
+
+def rank_share_of_free_ram(server_args, available_bytes: int | None = None) -> int:
+    """This rank's share of free host RAM after sglang's own reserve.
+
+    Every co-located rank sees the same free RAM, so each may count on only its
+    share of it; sglang 0.5.17 checks each pool against the whole.
+    """
+    import psutil
+    from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
+
+    if available_bytes is None:
+        available_bytes = psutil.virtual_memory().available
+    return max(0, available_bytes - HICACHE_HOST_MEMORY_RESERVE_BYTES) // local_ranks(server_args)
+
+
+def _draft_device_pool(scheduler):
+    from sglang.srt.mem_cache.kv_cache_builder import get_draft_kv_pool
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+
+    pool = get_draft_kv_pool(
+        draft_worker=scheduler.draft_worker,
+        spec_algorithm=scheduler.spec_algorithm,
+        server_args=scheduler.server_args,
+    )
+    if isinstance(pool, HybridLinearKVPool):
+        pool = pool.full_kv_pool
+    return pool
+
+
+def fit_hicache_size(scheduler, *, available_bytes: int | None = None) -> BudgetSplit | None:
+    """Shrink ``server_args.hicache_size`` to the target's share; returns the split applied.
+
+    Called once per scheduler process after ``Scheduler.init_memory_pools``;
+    HiRadixCache reads ``hicache_size`` when it builds the target host pool
+    right after, and the draft registration sizes from the target, not from it.
+    """
+    server_args = scheduler.server_args
+    if not getattr(server_args, "enable_hierarchical_cache", False) or scheduler.draft_worker is None:
+        return None
+    draft_pool = _draft_device_pool(scheduler)
+    if draft_pool is None:
+        return None
+    target_pool = scheduler.tp_worker.model_runner.token_to_kv_pool
+    dcp = int(getattr(server_args, "dcp_size", 1) or 1)
+    t, d = host_bytes_per_token(target_pool), host_bytes_per_token(draft_pool)
+    share = rank_share_of_free_ram(server_args, available_bytes)
+
+    # The smallest useful host pool mirrors the device pool once (a smaller L2
+    # holds less than L1 and sglang warns that it is of little use).
+    smallest = int(target_pool.size) * (t + dcp * d)
+    if smallest > share:
+        raise HostMemoryTooSmall(
+            f"HiCache needs at least {smallest / GB:.2f} GB pinned per rank (target {target_pool.size} rows x "
+            f"{t} B + draft {target_pool.size * dcp} rows x {d} B at dcp_size {dcp}) but this rank's share of free "
+            f"host RAM is {share / GB:.2f} GB ({local_ranks(server_args)} ranks per host, after sglang's reserve); "
+            "fix: free host RAM, run fewer ranks per host, or launch without --enable-hierarchical-cache"
+        )
+
+    if server_args.hicache_size and server_args.hicache_size > 0 and not unbudgeted():
+        split = BudgetSplit(int(server_args.hicache_size * GB), t, d, dcp, int(target_pool.page_size))
+        logger.info(
+            "HiCache budget %s GB per rank counts the draft at dcp_size %d: target %.2f GB (%d rows) + "
+            "draft %.2f GB (%d rows); %s=1 restores the unbudgeted sizing",
+            server_args.hicache_size, dcp, split.target_budget_bytes / GB, split.target_rows,
+            split.draft_budget_bytes / GB, split.draft_rows, UNBUDGETED_ENV,
+        )
+        if split.target_rows < target_pool.size:
+            logger.warning(
+                "HiCache budget leaves the target host pool (%d rows) smaller than its device pool (%d rows); "
+                "raise --hicache-size to at least %.2f GB for a full L2 mirror",
+                split.target_rows, target_pool.size, smallest / GB,
+            )
+        server_args.hicache_size = split.target_budget_bytes / GB
+        return split
+
+    if not server_args.hicache_size:
+        planned = int(target_pool.size * server_args.hicache_ratio) * (t + dcp * d)
+        if planned > share:
+            logger.warning(
+                "HiCache at --hicache-ratio %s will pin about %.2f GB per rank (draft included at dcp_size %d), "
+                "more than this rank's %.2f GB share of free host RAM; set --hicache-size %.0f to stay within it",
+                server_args.hicache_ratio, planned / GB, dcp, share / GB, share // GB,
+            )
+    return None
+
+
+def log_pinned(cache_controller) -> None:
+    """One line per rank at startup: what HiCache pins, and how much of it is the draft."""
+    target = cache_controller.mem_pool_host
+    draft = getattr(cache_controller, "mem_pool_host_draft", None)
+    if draft is None:
+        return
+    target_bytes = int(target.size) * int(target.size_per_token)
+    draft_bytes = int(draft.size) * int(draft.size_per_token)
+    total = target_bytes + draft_bytes
+    logger.info(
+        "HiCache pins %.2f GB per rank: target %.2f GB (%d rows) + draft %.2f GB (%d rows, %.0f%% of the total) "
+        "at dcp_size %d",
+        total / GB, target_bytes / GB, target.size, draft_bytes / GB, draft.size,
+        100 * draft_bytes / total if total else 0, getattr(target, "dcp_size", 1),
+    )
