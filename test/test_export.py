@@ -91,3 +91,17 @@ def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
     stock = need(STOCK)
     assert series_mod.inspect(stock, series).state is series_mod.State.FIXED_UPSTREAM
     assert "already carries the fix" in series_mod.apply(stock, series)
+
+
+def test_backport_series_reexports_byte_for_byte(installed_tree, tmp_path):
+    """The same freshness check for patches/sglang-0.5.17, on a workbench built from the installed 0.5.17."""
+    backport = series_mod.load_series("sglang-0.5.17")
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    base_rev = series_mod.workbench(installed_tree, backport, repo)
+    written = series_mod.export(repo, base_rev, backport.name, out_dir=out)
+    stale = [p.name for p in written if p.read_bytes() != (backport.directory / p.name).read_bytes()]
+    assert stale == [], (
+        f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series sglang-0.5.17 "
+        "--from <site-packages of sglang 0.5.17> --repo R, then sglang-dcp-dspark export --repo R "
+        "--base <base commit> --series sglang-0.5.17"
+    )

@@ -45,6 +45,24 @@ def test_json_report_geometry(capsys):
     assert ram["needed_per_node"] == 8 * ram["needed_per_rank"] and ram["fits"]
 
 
+@pytest.mark.parametrize("unbudgeted", [False, True])
+def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
+    """With --hicache-size, target + draft fit it; SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1 shows sglang's own sizing."""
+    if unbudgeted:
+        monkeypatch.setenv("SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT", "1")
+    argv = ["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048",
+            *launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "2")]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    ram, g = report["sizing"]["host_ram"], report["sizing"]["geometry"]
+    assert g["coverage_fixed"] >= 1.0
+    if unbudgeted:
+        assert ram["target_share"] is None and ram["needed_per_rank"] > 2e9
+    else:
+        assert ram["needed_per_rank"] <= ram["budget_per_rank"] == 2e9
+        assert ram["target_share"] < ram["target_share_without_dcp"]
+
+
 def test_device_rows_estimate_is_labelled(capsys):
     assert main(["preflight", "--json"]) == 0
     assert "estimate" in json.loads(capsys.readouterr().out)["sizing"]["device_rows_note"]

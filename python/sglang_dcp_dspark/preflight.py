@@ -215,7 +215,7 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
     from sglang.srt.mem_cache import kv_cache_builder
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
-    from . import plugin, sizing
+    from . import budget, plugin, sizing
 
     dtype = sizing.KV_DTYPES.get(str(args.kv_cache_dtype), "bfloat16")
     pp = max(1, args.pp_size)
@@ -248,11 +248,30 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
             hicache_ratio=args.hicache_ratio, hicache_size_gb=args.hicache_size, layout=args.hicache_mem_layout,
             register_stock=stock if draft_kv else None, register_fixed=fixed if draft_kv else None,
         )
+    split = None
+    if args.hicache_size and result.draft_fixed is not None and not budget.unbudgeted():
+        # As the plugin (and the series' patch 0004) run it: the target gets
+        # its share of --hicache-size and the draft follows the target.
+        split = sizing.BudgetSplit(
+            int(args.hicache_size * 1e9), result.target.bytes_per_token, result.draft_fixed.bytes_per_token,
+            dcp, result.target.page_size,
+        )
+        unbudgeted_rank = result.target.bytes + result.draft_fixed.bytes
+        with _quiet_sglang():
+            result = sizing.measure(
+                target_kv, draft_kv, dcp_size=dcp, device_rows=device_rows, page_size=args.page_size or 1,
+                hicache_ratio=args.hicache_ratio, hicache_size_gb=split.target_budget_bytes / 1e9,
+                layout=args.hicache_mem_layout, register_stock=stock, register_fixed=fixed,
+            )
     ranks_per_node = max(1, (args.tp_size * pp) // max(1, args.nnodes))
     draft = result.draft_fixed
     need_rank = result.target.bytes + (draft.bytes if draft else 0)
-    if args.hicache_size:
-        budget_rank, budget_from = int(args.hicache_size * 1e9), f"--hicache-size {args.hicache_size:g} GB"
+    if split is not None:
+        budget_rank = int(args.hicache_size * 1e9)
+        budget_from = (f"--hicache-size {args.hicache_size:g} GB, target + draft: {split.target_share:.1%} to the target "
+                       f"(unbudgeted, as sglang 0.5.18+ or {budget.UNBUDGETED_ENV}=1: {_gib(unbudgeted_rank)} per rank)")
+    elif args.hicache_size:
+        budget_rank, budget_from = int(args.hicache_size * 1e9), f"--hicache-size {args.hicache_size:g} GB (target pool only)"
     else:
         budget_rank, budget_from = result.target.bytes, f"--hicache-ratio {args.hicache_ratio:g} (target pool only)"
     if node.host_ram_gib is not None:
@@ -271,6 +290,8 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
             "needed_per_node": need_rank * ranks_per_node,
             "budget_per_rank": budget_rank,
             "budget_from": budget_from,
+            "target_share": None if split is None else split.target_share,
+            "target_share_without_dcp": None if split is None else split.share_without_dcp,
             "over_budget_per_rank": max(0, need_rank - budget_rank),
             "available": available,
             "available_from": available_from,
@@ -348,6 +369,9 @@ def render(report: dict) -> str:
     out.append(f"Host RAM ({n} ranks per node, target + draft with fix):")
     out.append(f"  needed          {_gib(ram['needed_per_rank'])} per rank, {_gib(ram['needed_per_node'])} per node")
     over = f", {_gib(ram['over_budget_per_rank'])} over it per rank (the draft pool is not counted in it)" if ram["over_budget_per_rank"] else ""
+    if ram.get("target_share") is not None:
+        out.append(f"  budget split    target {ram['target_share']:.1%}, draft {1 - ram['target_share']:.1%} "
+                   f"(PR #35875's split, without the dcp factor, would give the target {ram['target_share_without_dcp']:.1%})")
     out.append(f"  budget          {_gib(ram['budget_per_rank'])} per rank from {ram['budget_from']}{over}")
     fits = "fits" if ram["fits"] else "does NOT fit"
     out.append(f"  available       {_gib(ram['available'])} ({ram['available_from']}) less sglang's {_gib(ram['reserve'])} reserve: {fits}")
