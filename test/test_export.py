@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from trees import assert_reexports
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
@@ -30,15 +31,7 @@ def series():
 
 def test_series_git_ams_onto_its_base_and_reexports_byte_for_byte(series, tmp_path):
     """CI's freshness check: the committed files are exactly what export makes of them."""
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    base_rev = series_mod.workbench(need(BASE), series, repo)
-    written = series_mod.export(repo, base_rev, SERIES, out_dir=out)
-    assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir())
-    stale = [p.name for p in written if p.read_bytes() != (series.directory / p.name).read_bytes()]
-    assert stale == [], (
-        f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series {SERIES} --from "
-        f"{BASE} --repo R, then sglang-dcp-dspark export --repo R --base <base commit> --series {SERIES}"
-    )
+    assert_reexports(series, need(BASE), tmp_path)
 
 
 def test_workbench_refuses_a_tree_the_series_does_not_am_onto(series, tmp_path):
@@ -95,13 +88,4 @@ def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
 
 def test_backport_series_reexports_byte_for_byte(installed_tree, tmp_path):
     """The same freshness check for patches/sglang-0.5.17, on a workbench built from the installed 0.5.17."""
-    backport = series_mod.load_series("sglang-0.5.17")
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    base_rev = series_mod.workbench(installed_tree, backport, repo)
-    written = series_mod.export(repo, base_rev, backport.name, out_dir=out)
-    stale = [p.name for p in written if p.read_bytes() != (backport.directory / p.name).read_bytes()]
-    assert stale == [], (
-        f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series sglang-0.5.17 "
-        "--from <site-packages of sglang 0.5.17> --repo R, then sglang-dcp-dspark export --repo R "
-        "--base <base commit> --series sglang-0.5.17"
-    )
+    assert_reexports(series_mod.load_series("sglang-0.5.17"), installed_tree, tmp_path)

@@ -12,14 +12,12 @@ Unmarked tests are invariants that must hold on every tree.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from trees import TREE, mark_defects
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
-TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 # The state the 0.5.17 series must be in on the imported tree for each label;
 # a mismatch means the run is not testing what it claims to.
 EXPECTED_SERIES_STATE = {
@@ -60,13 +58,5 @@ def _plugin_loaded():
 
 
 def pytest_collection_modifyitems(config, items):
-    if expect_fixed():
-        return
-    defect = pytest.mark.xfail(
-        raises=AssertionError,
-        strict=True,
-        reason="the defect is present on stock sglang 0.5.17",
-    )
-    for item in items:
-        if item.get_closest_marker("regression"):
-            item.add_marker(defect)
+    if not expect_fixed():
+        mark_defects(items, "the defect is present on stock sglang 0.5.17")

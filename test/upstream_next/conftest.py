@@ -12,22 +12,19 @@ imports sglang 0.5.17, which has no draft sidecar.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from trees import BUILD_TREES as TREES
+from trees import TREE, imported_tree, mark_defects
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
 SERIES = "upstream-next"
-TREES = Path(__file__).resolve().parents[2] / "build" / "trees"
 # label -> (the directory the imported sglang must come from, the state the series must be in there)
 TREE_DIRS = {
     "next-stock": (TREES / "sglang-0.5.23", series_mod.State.APPLICABLE),
     "next-patched": (TREES / "sglang-0.5.23-next", series_mod.State.APPLIED),
 }
-TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 
 if TREE not in TREE_DIRS:
     collect_ignore_glob = ["test_*.py"]
@@ -50,25 +47,13 @@ def series() -> series_mod.Series:
 @pytest.fixture(scope="session", autouse=True)
 def tree(series):
     """The sglang tree this interpreter imports, checked against the label by path and by series state."""
-    import sglang
-
     want_dir, want_state = TREE_DIRS[TREE]
-    imported = Path(sglang.__file__).resolve().parent.parent
-    assert imported == want_dir.resolve(), f"DCP_DSPARK_TREE={TREE} expects sglang from {want_dir}, not {imported}"
-    found = locate_tree(imported)
+    found = imported_tree(want_dir)
     status = series_mod.inspect(found, series)
     assert status.state is want_state, status.line()
     return found
 
 
 def pytest_collection_modifyitems(config, items):
-    if TREE not in TREE_DIRS or expect_fixed():
-        return
-    defect = pytest.mark.xfail(
-        raises=AssertionError,
-        strict=True,
-        reason="stock sglang 0.5.23 leaves the draft sidecar out of the HiCache budget and has no guard",
-    )
-    for item in items:
-        if item.get_closest_marker("regression"):
-            item.add_marker(defect)
+    if TREE in TREE_DIRS and not expect_fixed():
+        mark_defects(items, "stock sglang 0.5.23 leaves the draft sidecar out of the HiCache budget and has no guard")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 
+from trees import assert_reexports
+
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
-from .conftest import SERIES, TREE_DIRS
+from .conftest import TREE_DIRS
 
 STOCK = TREE_DIRS["next-stock"][0]
 DEP3 = ("Description:", "Origin: vendor (this project)", "Forwarded: not yet (proposed upstream, see docs/upstreaming.md)",
@@ -17,15 +19,7 @@ DEP3 = ("Description:", "Origin: vendor (this project)", "Forwarded: not yet (pr
 
 def test_series_git_ams_onto_the_release_and_reexports_byte_for_byte(series, tmp_path):
     """CI's freshness check: the committed files are exactly what export makes of them."""
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    base_rev = series_mod.workbench(locate_tree(STOCK), series, repo)
-    written = series_mod.export(repo, base_rev, SERIES, out_dir=out)
-    assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir())
-    stale = [p.name for p in written if p.read_bytes() != (series.directory / p.name).read_bytes()]
-    assert stale == [], (
-        f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series {SERIES} --from "
-        f"{STOCK} --repo R, then sglang-dcp-dspark export --repo R --base <base commit> --series {SERIES}"
-    )
+    assert_reexports(series, locate_tree(STOCK), tmp_path)
 
 
 def test_headers_and_dep3_fields(series):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import unittest
-
 import pytest
+from trees import run_upstream_test_file
 
 from .conftest import expect_fixed
 
@@ -25,22 +22,7 @@ TESTS_IN_FILE = 7
 
 @pytest.fixture(scope="module")
 def upstream_result(series, tmp_path_factory):
-    """Extract the test file from the patches (git apply of its hunks alone) and run it."""
-    # CustomTestCase retries a failing test (with a back-off sleep) in CI; one try is the result.
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SGLANG_TEST_MAX_RETRY", "0")
-    out = tmp_path_factory.mktemp("upstream-next-test")
-    subprocess.run(["git", "init", "-q", str(out)], check=True)
-    subprocess.run(["git", "apply", "--include=test/*", *[str(p.path) for p in series.patches]], cwd=out, check=True)
-    spec = importlib.util.spec_from_file_location("upstream_test_hicache_dcp_draft_budget", out / TEST_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    result = unittest.TestResult()
-    try:
-        unittest.defaultTestLoader.loadTestsFromModule(module).run(result)
-    finally:
-        mp.undo()
-    return result
+    return run_upstream_test_file(series, TEST_FILE, tmp_path_factory.mktemp("upstream-next-test"))
 
 
 def short_id(test) -> str:

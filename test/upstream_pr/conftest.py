@@ -13,16 +13,14 @@ imports sglang 0.5.17, where neither draft path exists.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+from trees import BUILD_TREES as TREES
+from trees import TREE, imported_tree, mark_defects
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
 SERIES = "upstream-pr-35221"
-TREES = Path(__file__).resolve().parents[2] / "build" / "trees"
 # label -> the directory the imported sglang must come from
 TREE_DIRS = {
     "upstream-base": TREES / f"{SERIES}-base",
@@ -30,7 +28,6 @@ TREE_DIRS = {
     "upstream-0.5.18": TREES / "sglang-0.5.18",
 }
 STOCK_0_5_18 = TREE_DIRS["upstream-0.5.18"]
-TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 
 if TREE not in TREE_DIRS:
     collect_ignore_glob = ["test_*.py"]
@@ -53,12 +50,7 @@ def series() -> series_mod.Series:
 @pytest.fixture(scope="session")
 def tree(series):
     """The sglang tree this interpreter imports, checked against the label by path and by series state."""
-    import sglang
-
-    imported = Path(sglang.__file__).resolve().parent.parent
-    want = TREE_DIRS[TREE].resolve()
-    assert imported == want, f"DCP_DSPARK_TREE={TREE} expects sglang from {want}, but it is imported from {imported}"
-    found = locate_tree(imported)
+    found = imported_tree(TREE_DIRS[TREE])
     status = series_mod.inspect(found, series)
     if expect_fixed():
         assert status.state is series_mod.State.FIXED_UPSTREAM and status.applied == len(series.patches), status.line()
@@ -73,13 +65,5 @@ def _tree_is_what_the_label_says(tree):
 
 
 def pytest_collection_modifyitems(config, items):
-    if TREE not in TREE_DIRS or expect_fixed():
-        return
-    defect = pytest.mark.xfail(
-        raises=AssertionError,
-        strict=True,
-        reason="the defect is present on the PR #35221 parent",
-    )
-    for item in items:
-        if item.get_closest_marker("regression"):
-            item.add_marker(defect)
+    if TREE in TREE_DIRS and not expect_fixed():
+        mark_defects(items, "the defect is present on the PR #35221 parent")

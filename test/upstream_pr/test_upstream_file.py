@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import unittest
-
 import pytest
+from trees import run_upstream_test_file
 
 from .conftest import expect_fixed
 
@@ -22,27 +19,7 @@ FIX_TESTS = {
 
 @pytest.fixture(scope="module")
 def upstream_result(series, tmp_path_factory):
-    """Extract the test file from the patches (git apply of its hunks alone) and run it."""
-    # CustomTestCase retries a failing test (with a back-off sleep) in CI; one try is the result.
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SGLANG_TEST_MAX_RETRY", "0")
-    out = tmp_path_factory.mktemp("upstream-test")
-    subprocess.run(["git", "init", "-q", str(out)], check=True)
-    subprocess.run(
-        ["git", "apply", "--include=test/*", *[str(p.path) for p in series.patches]],
-        cwd=out,
-        check=True,
-    )
-    spec = importlib.util.spec_from_file_location("upstream_test_dcp_dspark_draft_sizing", out / TEST_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    suite = unittest.defaultTestLoader.loadTestsFromModule(module)
-    result = unittest.TestResult()
-    try:
-        suite.run(result)
-    finally:
-        mp.undo()
-    return result
+    return run_upstream_test_file(series, TEST_FILE, tmp_path_factory.mktemp("upstream-test"))
 
 
 def short_id(test) -> str:
