@@ -82,6 +82,13 @@ demo: setup trees
 	$(CLI) status
 	$(CLI) preflight
 
+# Host memory pinned per rank and node in the three setups (docs/host-memory.md
+# is its --markdown output), then the plugin's import cost with 3 pairs of fresh
+# processes (about 10 s each) rather than the script's default 5.
+bench: setup
+	$(BIN)/python bench/host_memory.py
+	$(BIN)/python bench/plugin_overhead.py --repeats 3
+
 # The regression tests run three times: on the stock tree they must fail
 # (strict xfail); on the patched tree, and on the stock tree with the
 # installed plugin loaded, they must pass.
