@@ -117,17 +117,14 @@ def measure(
     register_fixed: Callable | None = None,
 ) -> HiCacheSizing:
     """Build rank 0's pools at full size on the meta device and register the draft both ways."""
-    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
-
     from . import hostpool
 
-    geometry = hostpool.Geometry(dcp_size, layout, device_rows=device_rows, page_size=page_size, host_ratio=hicache_ratio)
+    geometry = hostpool.Geometry(
+        dcp_size, layout, device_rows=device_rows, page_size=page_size, host_ratio=hicache_ratio,
+        hicache_size_gb=hicache_size_gb,
+    )
     with _unallocated_host_buffers():
-        # HiRadixCache passes the widened (logical) page; the pool stores page_size rows of it per rank.
-        target_pool = MLATokenToKVPoolHost(
-            _device_pool(target_kv, device_rows, page_size), hicache_ratio, hicache_size_gb, page_size * dcp_size,
-            layout, pin_memory=False, device="cpu", dcp_size=dcp_size, dcp_rank=0,
-        )
+        target_pool = hostpool.build_target_host_pool(geometry, device_pool=_device_pool(target_kv, device_rows, page_size))
         drafts = []
         for register in (register_stock, register_fixed):
             if draft_kv is None or register is None:
