@@ -165,8 +165,10 @@ class Status:
             detail = f"{self.applied} of {len(s.patches)} patches in the tree"
         elif self.state is State.FIXED_UPSTREAM:
             detail = f"sglang {s.fixed_upstream} and later carry the fix"
+        elif self.state is State.CONFLICT and not s.targets(self.tree.version):
+            detail = f"series targets sglang{s.applies_to}, this tree is {self.tree.version or 'of unknown version'}"
         elif self.state is State.CONFLICT:
-            detail = f"neither applies nor reverts; series targets sglang{s.applies_to}"
+            detail = "neither applies nor reverts: the files differ from the release"
         else:
             detail = f"{len(s.patches)} patches, targets sglang{s.applies_to}"
         return f"{s.name:<22} {self.state.value:<18} {detail}"
