@@ -10,6 +10,7 @@ registration turns it into one clear error while the scheduler starts.
 from __future__ import annotations
 
 from .errors import DcpDsparkError
+from .sizing import logical_slots
 
 REMEDY = (
     "fix: pip install sglang-dcp-dspark and keep its plugin on "
@@ -22,11 +23,6 @@ class DraftHostPoolTooSmall(DcpDsparkError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, exit_code=1)
-
-
-def logical_slots(target_host_pool) -> int:
-    # Trees before the DCP host pool have no logical_size: one row per slot.
-    return int(getattr(target_host_pool, "logical_size", target_host_pool.size))
 
 
 def check_draft_host_pool(target_host_pool, draft_host_pool) -> None:

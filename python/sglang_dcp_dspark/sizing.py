@@ -32,6 +32,11 @@ class MLAKV:
     dtype: str = "bfloat16"
 
 
+def logical_slots(host_pool) -> int:
+    """Slots the radix tree addresses in a host pool: ``logical_size``, or one per row before DCP existed."""
+    return int(getattr(host_pool, "logical_size", host_pool.size))
+
+
 @dataclass(frozen=True)
 class HostPoolSize:
     """One HiCache host pool on one rank, as sglang sizes it."""
@@ -46,7 +51,7 @@ class HostPoolSize:
     def of(cls, pool) -> HostPoolSize:
         buffer = pool.kv_buffer
         nbytes = sum(b.nbytes for b in buffer) if isinstance(buffer, (list, tuple)) else buffer.nbytes
-        return cls(int(pool.size), int(pool.logical_size), int(pool.page_size), int(pool.size_per_token), int(nbytes))
+        return cls(int(pool.size), logical_slots(pool), int(pool.page_size), int(pool.size_per_token), int(nbytes))
 
 
 @dataclass(frozen=True)
