@@ -69,13 +69,15 @@ def test_ratio_follows_logical_size_with_mock_pools():
 
     draft_pool = mock.MagicMock(spec=MLATokenToKVPool)
     draft_pool.size = 800
+    bytes_per_token = 576 * 2  # one bf16 MLA layer; read by the pinned-memory log line (series 0004)
     controller = SimpleNamespace(
-        mem_pool_host=SimpleNamespace(size=100, logical_size=800),
+        mem_pool_host=SimpleNamespace(size=100, logical_size=800, dcp_size=8, size_per_token=bytes_per_token),
         set_draft_kv_pool=mock.MagicMock(),
     )
     with mock.patch("sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost") as host_cls:
         # The rows a ratio of 1.0 builds; the capacity guard (series 0003) reads them.
         host_cls.return_value.size = 800
+        host_cls.return_value.size_per_token = bytes_per_token
         kv_cache_builder.maybe_register_hicache_draft(
             tree_cache=SimpleNamespace(cache_controller=controller),
             draft_worker=SimpleNamespace(
