@@ -33,6 +33,21 @@ def tree_copy(installed_tree: SglangTree, tmp_path: Path) -> SglangTree:
     return locate_tree(root)
 
 
+@pytest.fixture
+def halved_draft_host_pool(monkeypatch):
+    """Deliberately wrong sizing: every draft host pool gets half the rows it asks for."""
+    from sglang.srt.mem_cache.pool_host import mla
+
+    class HalfDraft(mla.MLATokenToKVPoolHost):
+        def __init__(self, device_pool, host_to_device_ratio, *args, **kwargs):
+            if kwargs.get("pool_label") == "draft":
+                host_to_device_ratio /= 2
+            super().__init__(device_pool, host_to_device_ratio, *args, **kwargs)
+
+    # The registration imports the class when it runs, so it builds this one.
+    monkeypatch.setattr(mla, "MLATokenToKVPoolHost", HalfDraft)
+
+
 def tree_digest(tree: SglangTree) -> dict[str, str]:
     """sha256 of every file in the tree's package, keyed by relative path."""
     return {

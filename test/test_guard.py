@@ -37,17 +37,7 @@ def test_plugin_sizing_passes_the_guard(stock_registration, dcp):
     assert pair.out_of_bounds_slots() == 0
 
 
-def test_plugin_hook_stops_a_deliberately_wrong_sizing(stock_registration, monkeypatch):
-    from sglang.srt.mem_cache.pool_host import mla
-
-    class HalfDraft(mla.MLATokenToKVPoolHost):
-        def __init__(self, device_pool, host_to_device_ratio, *args, **kwargs):
-            if kwargs.get("pool_label") == "draft":
-                host_to_device_ratio /= 2
-            super().__init__(device_pool, host_to_device_ratio, *args, **kwargs)
-
-    # The registration imports the class at call time, so it builds the halved pool.
-    monkeypatch.setattr(mla, "MLATokenToKVPoolHost", HalfDraft)
+def test_plugin_hook_stops_a_deliberately_wrong_sizing(stock_registration, halved_draft_host_pool):
     fixed = functools.partial(plugin.size_draft_from_logical, stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall, match=r"dcp_size 4"):
         hostpool.build_pools(hostpool.Geometry(4), register=fixed)
