@@ -78,7 +78,7 @@ $(NEXT_PATCHED)/.stamp: $(NEXT_STOCK)/.stamp $(wildcard patches/$(NEXT_SERIES)/*
 
 next-trees: $(NEXT_STOCK)/.stamp $(NEXT_PATCHED)/.stamp
 
-demo: setup trees
+demo: setup
 	$(CLI) status
 	$(CLI) preflight
 
@@ -89,10 +89,19 @@ bench: setup
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py --repeats 3
 
-# The regression tests run three times: on the stock tree they must fail
-# (strict xfail); on the patched tree, and on the stock tree with the
-# installed plugin loaded, they must pass.
-test: setup trees
+# pytest runs once per sglang tree, with PYTHONPATH on that tree and
+# DCP_DSPARK_TREE naming it. Tests marked `regression` describe the fix: on a
+# tree with the defect they are strict xfails, elsewhere they must pass.
+# - test/: the installed stock 0.5.17 (and everything that needs no other tree;
+#   test/test_export.py also reads the rebuilt PR parent and 0.5.23).
+# - test/regression: the 0.5.17 copy with the series applied, then stock 0.5.17
+#   with the installed plugin loaded.
+# - test/upstream_pr: the PR #35221 parent rebuilt from 0.5.18 (defects), that
+#   parent re-patched, and stock 0.5.18; the series' own unittest file must fail
+#   exactly its fix tests on the parent and pass elsewhere.
+# - test/upstream_next: stock 0.5.23 (budget and guard tests are strict xfails)
+#   and the copy with patches/upstream-next applied.
+test: setup trees upstream-trees next-trees
 	$(PYTEST) test
 	DCP_DSPARK_TREE=patched PYTHONPATH=$(PATCHED) $(PYTEST) test/regression
 	DCP_DSPARK_TREE=plugin $(PYTEST) test/regression
@@ -102,17 +111,6 @@ test: setup trees
 	$(CLI) status --target $(NEXT_STOCK)
 	DCP_DSPARK_TREE=next-stock PYTHONPATH=$(NEXT_STOCK) $(PYTEST) test/upstream_next
 	DCP_DSPARK_TREE=next-patched PYTHONPATH=$(NEXT_PATCHED) $(PYTEST) test/upstream_next
-
-# The PR #35221 parity suite (test/upstream_pr) runs once per upstream tree:
-# on the rebuilt parent the defects are strict xfails and the series' own
-# unittest file must fail exactly its fix tests; re-patched and on stock 0.5.18
-# everything passes. test/test_export.py (default run) needs the parent too.
-test: upstream-trees
-
-# The upstream-next suite (test/upstream_next) runs on stock 0.5.23, where the
-# budget and guard tests are strict xfails and the series' unittest file fails
-# exactly its fix tests, and on the patched copy, where everything passes.
-test: next-trees
 
 clean:
 	rm -rf build $(VENV)
