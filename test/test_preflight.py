@@ -63,6 +63,17 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
         assert ram["target_share"] < ram["target_share_without_dcp"]
 
 
+def test_host_ram_too_small_for_the_plugins_startup_check(capsys):
+    """The same numbers the plugin's start-up check uses: device rows x (t + dcp d) against the rank's RAM share."""
+    assert main(["preflight", "--json", "--device-rows", "400000", "--host-ram-gib", "12"]) == 0
+    ram = json.loads(capsys.readouterr().out)["sizing"]["host_ram"]
+    assert not ram["starts"] and ram["smallest_per_rank"] > ram["share_per_rank"]
+    assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 0
+    assert "startup         STOPS with the plugin" in capsys.readouterr().out
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["starts"]
+
+
 def test_device_rows_estimate_is_labelled(capsys):
     assert main(["preflight", "--json"]) == 0
     assert "estimate" in json.loads(capsys.readouterr().out)["sizing"]["device_rows_note"]

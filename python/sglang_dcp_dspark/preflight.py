@@ -279,6 +279,11 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
     else:
         available, available_from = int(psutil.virtual_memory().available), "this machine, available now"
     usable = available - HICACHE_HOST_MEMORY_RESERVE_BYTES
+    # The plugin's start-up check (budget.fit_hicache_size): host pools that
+    # mirror the device pool once must fit this rank's share of free RAM.
+    draft_bpt = draft.bytes_per_token if draft else 0
+    smallest_rank = device_rows * (result.target.bytes_per_token + dcp * draft_bpt)
+    share_rank = max(0, usable) // ranks_per_node
     return {
         "geometry": result.as_dict(),
         "device_rows_note": rows_note,
@@ -297,6 +302,9 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
             "available_from": available_from,
             "reserve": HICACHE_HOST_MEMORY_RESERVE_BYTES,
             "fits": need_rank * ranks_per_node <= usable,
+            "smallest_per_rank": smallest_rank,
+            "share_per_rank": share_rank,
+            "starts": draft is None or smallest_rank <= share_rank,
         },
     }
 
@@ -375,6 +383,9 @@ def render(report: dict) -> str:
     out.append(f"  budget          {_gib(ram['budget_per_rank'])} per rank from {ram['budget_from']}{over}")
     fits = "fits" if ram["fits"] else "does NOT fit"
     out.append(f"  available       {_gib(ram['available'])} ({ram['available_from']}) less sglang's {_gib(ram['reserve'])} reserve: {fits}")
+    if not ram["starts"]:
+        out.append(f"  startup         STOPS with the plugin: host pools that mirror the device pool once need "
+                   f"{_gib(ram['smallest_per_rank'])} per rank, more than its {_gib(ram['share_per_rank'])} share of free RAM")
     return "\n".join(out)
 
 
