@@ -84,12 +84,10 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
     tree = locate_tree(None)
     # --draft-path picks the draft paths of PR #35221's form (its parent and 0.5.18).
     build = hostpool.build_pools
-    oob = hostpool.PoolPair.out_of_bounds_slots
     if args.draft_path:
         from . import draft_paths
 
         build = lambda g: draft_paths.build_pools(args.draft_path, g)  # noqa: E731
-        oob = draft_paths.out_of_bounds_slots
     where = f", {args.draft_path} draft path" if args.draft_path else ""
     print(f"draft host pool coverage on {tree.describe()} (real MLA host pools on CPU, layout {args.layout}{where}):")
     print(f"  {'dcp':>3}  {'target rows':>11}  {'logical slots':>13}  {'draft rows':>10}  {'coverage':>8}  {'out of bounds':>13}")
@@ -97,7 +95,7 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
         pair = build(hostpool.Geometry(dcp, args.layout))
         print(
             f"  {dcp:>3}  {pair.target_host_pool.size:>11}  {pair.target_host_pool.logical_size:>13}  "
-            f"{pair.draft_host_pool.size:>10}  {pair.coverage:>8.3f}  {oob(pair):>13}"
+            f"{pair.draft_host_pool.size:>10}  {pair.coverage:>8.3f}  {pair.out_of_bounds_slots():>13}"
         )
     return 0
 

@@ -25,12 +25,6 @@ from .errors import DcpDsparkError
 DRAFT_PATHS = ("sidecar", "legacy")
 
 
-def _draft_device_pool(g: hostpool.Geometry):
-    # The replicated draft is indexed by the target's logical slots, so its
-    # device pool spans them (as the DSPARK draft runner sizes it under DCP).
-    return hostpool._mla_device_pool(g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers, g)
-
-
 def _server_args(g: hostpool.Geometry) -> SimpleNamespace:
     # The fields the two paths read; no storage backend, since L3 stays refused under DCP.
     return SimpleNamespace(
@@ -82,7 +76,7 @@ def build_sidecar_pools(g: hostpool.Geometry) -> hostpool.PoolPair:
     controller = SimpleNamespace(mem_pool_host=group, page_size=g.logical_page_size)
     with hostpool.unpinned_host_memory():
         _specs, entries = build_full_draft_pools(
-            draft_kv_pool=_draft_device_pool(g),
+            draft_kv_pool=hostpool._draft_device_pool(g),
             tree_cache=SimpleNamespace(cache_controller=controller),
             server_args=_server_args(g),
         )
@@ -97,22 +91,11 @@ def build_legacy_pools(g: hostpool.Geometry) -> hostpool.PoolPair:
     with hostpool.unpinned_host_memory():
         register(
             tree_cache=SimpleNamespace(cache_controller=controller),
-            draft_pool=_draft_device_pool(g),
+            draft_pool=hostpool._draft_device_pool(g),
             server_args=_server_args(g),
             page_size=g.logical_page_size,
         )
     return hostpool.PoolPair(g, target, controller.mem_pool_host_draft)
-
-
-def out_of_bounds_slots(pair: hostpool.PoolPair) -> int:
-    """Logical slots the target can hand out that fall past the end of the draft host buffer.
-
-    Same count as ``PoolPair.out_of_bounds_slots``; sglang 0.5.18 renamed the
-    host pool's ``dcp_kernel_indices`` to ``maybe_dcp_kernel_indices``.
-    """
-    draft = pair.draft_host_pool
-    to_rows = getattr(draft, "dcp_kernel_indices", None) or draft.maybe_dcp_kernel_indices
-    return int((to_rows(pair.allocatable_slots()) >= draft.size).sum())
 
 
 def build_pools(path: str, g: hostpool.Geometry) -> hostpool.PoolPair:

@@ -65,6 +65,16 @@ class PoolPair:
         target.clear()
         return slots
 
+    def draft_rows_for(self, slots):
+        """The draft host rows that logical slots index (the draft has dcp_size 1: the slots themselves).
+
+        Asked of sglang's own translation, which 0.5.18 renamed from
+        ``dcp_kernel_indices`` to ``maybe_dcp_kernel_indices``.
+        """
+        draft = self.draft_host_pool
+        translate = getattr(draft, "dcp_kernel_indices", None) or draft.maybe_dcp_kernel_indices
+        return translate(slots)
+
     def out_of_bounds_slots(self) -> int:
         """Logical slots the target host pool hands out that the draft buffer cannot index.
 
@@ -72,7 +82,7 @@ class PoolPair:
         slot itself; every such slot is a write past the end of the draft
         buffer when L1 eviction backs the draft KV up to host.
         """
-        rows = self.draft_host_pool.dcp_kernel_indices(self.allocatable_slots())
+        rows = self.draft_rows_for(self.allocatable_slots())
         return int((rows >= self.draft_host_pool.size).sum())
 
     def touch_draft_rows(self) -> None:
@@ -82,7 +92,7 @@ class PoolPair:
         is the out-of-bounds write that a GPU reports as an invalid argument.
         """
         draft = self.draft_host_pool
-        rows = draft.dcp_kernel_indices(self.allocatable_slots())
+        rows = self.draft_rows_for(self.allocatable_slots())
         if draft.layout == "layer_first":  # [layer, row, 1, dim]
             draft.kv_buffer[:, rows]
         elif draft.layout == "page_first":  # [row, layer, 1, dim]

@@ -42,7 +42,7 @@ def test_draft_host_pool_covers_the_logical_slots(pools, path, dcp):
 @pytest.mark.parametrize("path,dcp", list(cases()))
 def test_every_target_slot_indexes_inside_the_draft_buffer(pools, path, dcp):
     pair = pools(path, dcp)
-    assert draft_paths.out_of_bounds_slots(pair) == 0
+    assert pair.out_of_bounds_slots() == 0
 
 
 @pytest.mark.parametrize("path", draft_paths.DRAFT_PATHS)
