@@ -39,3 +39,25 @@ def test_installed_layout_reads_version_from_dist_info(tmp_path):
 def test_not_a_tree(tmp_path):
     with pytest.raises(DcpDsparkError, match="expected DIR/python/sglang"):
         locate_tree(tmp_path)
+
+
+def test_a_version_file_that_is_not_utf8_is_one_line(tmp_path):
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "_version.py").write_bytes(b"__version__ = '0.5.17\xff'\n")
+    with pytest.raises(DcpDsparkError, match=r"is not UTF-8 \(byte 0xff at offset 21\)") as err:
+        locate_tree(tmp_path)
+    assert "\n" not in str(err.value) and "pip install --force-reinstall" in str(err.value)
+
+
+def test_remedy_fits_the_tree_kind(tmp_path):
+    package = tmp_path / "checkout" / "python" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (tmp_path / "checkout" / ".git").mkdir()
+    assert locate_tree(tmp_path / "checkout").restore_hint().startswith("git -C ")
+    (tmp_path / "site" / "sglang").mkdir(parents=True)
+    (tmp_path / "site" / "sglang" / "__init__.py").write_text("")
+    hint = locate_tree(tmp_path / "site").restore_hint("==0.5.17")
+    assert hint == f"pip install --force-reinstall --no-deps --upgrade --target {(tmp_path / 'site').resolve()} 'sglang==0.5.17'"
+    assert locate_tree(None).restore_hint("==0.5.17") == "pip install --force-reinstall --no-deps 'sglang==0.5.17'"

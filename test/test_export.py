@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,23 +68,64 @@ def test_base_refuses_a_non_empty_out(series, tmp_path):
     assert (tmp_path / "base" / "keep").read_text() == "x"
 
 
-def test_apply_on_the_base_gives_the_release_and_reads_fixed_upstream(series, tmp_path):
-    """A full apply of a series in upstream's form reads as "fixed upstream", and that is success."""
+def test_apply_on_the_base_gives_the_release_and_revert_takes_it_back(series, tmp_path):
+    """A full apply of a series in upstream's form reads as "fixed upstream", and that is success.
+
+    The tree then reads exactly like the release, so only the record apply
+    leaves at the tree root tells revert that the fix is ours to take back.
+    """
     root = tmp_path / "site-packages"
     shutil.copytree(need(BASE).package, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
     tree = locate_tree(root)
+    base_bytes = {name: tree.path_of(name).read_bytes() for name in series.tree_files(tree)}
     assert "applied 4 patch(es)" in series_mod.apply(tree, series)
     status = series_mod.inspect(tree, series)
     assert status.state is series_mod.State.FIXED_UPSTREAM and status.applied == len(series.patches)
+    assert status.recorded and "revert undoes it" in status.line()
     for name in series.files:
         if name.startswith("python/sglang/"):
             assert tree.path_of(name).read_bytes() == need(STOCK).path_of(name).read_bytes(), name
+    assert "reverted 4 patch(es)" in series_mod.revert(tree, series)
+    assert {name: tree.path_of(name).read_bytes() for name in base_bytes} == base_bytes
+    assert not (root / series_mod.RECORD).exists()
 
 
 def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
     stock = need(STOCK)
-    assert series_mod.inspect(stock, series).state is series_mod.State.FIXED_UPSTREAM
+    status = series_mod.inspect(stock, series)
+    assert status.state is series_mod.State.FIXED_UPSTREAM and not status.recorded
     assert "already carries the fix" in series_mod.apply(stock, series)
+    assert "nothing of ours to revert" in series_mod.revert(stock, series)
+
+
+def test_export_removes_only_the_patches_its_listing_named(tmp_path):
+    """--out may hold other .patch files: only those the old series listing names are replaced."""
+    repo = tmp_path / "repo"
+    run = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    repo.mkdir()
+    run("init", "-q")
+    (repo / "f").write_text("a\n")
+    run("add", "f")
+    run("commit", "-qm", "base")
+    (repo / "f").write_text("b\n")
+    run("commit", "-qam", "change f")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "series").write_text("0001-old.patch\n")
+    (out / "0001-old.patch").write_text("stale")
+    (out / "mine.patch").write_text("not the series'")
+    written = series_mod.export(repo, "HEAD~1", "sglang-0.5.17", out_dir=out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["mine.patch", "series", *(p.name for p in written[:-1])])
+    assert (out / "mine.patch").read_text() == "not the series'"
+
+
+def test_export_takes_a_series_name_not_a_path(tmp_path):
+    decoy = tmp_path / "elsewhere"
+    decoy.mkdir()
+    (decoy / "keep.patch").write_text("x")
+    with pytest.raises(DcpDsparkError, match="is not a series name"):
+        series_mod.export(tmp_path, "HEAD", f"../../{decoy}")
+    assert (decoy / "keep.patch").read_text() == "x"
 
 
 def test_backport_series_reexports_byte_for_byte(installed_tree, tmp_path):

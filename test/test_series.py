@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -172,22 +172,24 @@ def test_half_applied_series_is_completed_or_undone_whole(sparse_tree, backport,
 
 
 def test_write_failure_midway_rolls_back(sparse_tree, monkeypatch, capsys):
+    """The second file fails to move (an I/O error): the first is moved back and the journal goes."""
     before = tree_digest(sparse_tree)
-    real_write = Path.write_bytes
+    real_replace = os.replace
     calls = []
 
-    def failing_write(self, data):
-        calls.append(self)
+    def failing_replace(src, dst, *args, **kwargs):
+        calls.append(dst)
         if len(calls) == 2:
-            raise OSError(28, "No space left on device", str(self))
-        return real_write(self, data)
+            raise OSError(errno.EIO, "Input/output error", str(dst))
+        return real_replace(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_bytes", failing_write)
+    monkeypatch.setattr(os, "replace", failing_replace)
     assert cli("apply", "--target", str(sparse_tree.root)) == 2
     monkeypatch.undo()
     err = one_error_line(capsys)
-    assert "No space left on device" in err and "restored" in err
+    assert "Input/output error" in err and "put back as it was" in err
     assert tree_digest(sparse_tree) == before
+    assert sorted(p.name for p in sparse_tree.root.iterdir()) == ["sglang"]
 
 
 @pytest.fixture

@@ -44,6 +44,22 @@ class SglangTree:
     def describe(self) -> str:
         return f"sglang {self.version or 'of unknown version'} at {self.package}"
 
+    def restore_hint(self, spec: str | None = None) -> str:
+        """The command that puts this kind of tree back to a release: git for a checkout, pip for an install."""
+        if self.layout == "checkout":
+            if (self.root / ".git").exists():
+                return f"git -C {self.root} checkout -- python/sglang"
+            return f"restore {self.package} from the sglang{spec or ''} sources"
+        requirement = f"'sglang{spec}'" if spec else f"'sglang=={self.version}'" if self.version else "sglang"
+        # --target only where the tree is not the one this interpreter imports:
+        # pip would otherwise reinstall somewhere else and leave this tree as it is.
+        try:
+            here = default_target().resolve() == self.root
+        except DcpDsparkError:
+            here = False
+        where = "" if here else f" --upgrade --target {self.root}"
+        return f"pip install --force-reinstall --no-deps{where} {requirement}"
+
 
 def default_target() -> Path:
     """The directory holding the ``sglang`` package this interpreter would import."""
@@ -77,21 +93,37 @@ def read_version(tree: SglangTree) -> str | None:
     """The release a tree comes from: _version.py, then dist-info, then python/pyproject.toml."""
     generated = tree.package / "_version.py"
     if generated.is_file():
-        match = _VERSION_RE.search(generated.read_text(encoding="utf-8"))
+        match = _VERSION_RE.search(_read_text(generated, tree))
         if match:
             return match.group(1)
     if tree.layout == "installed":
         for meta in sorted(tree.root.glob("sglang-*.dist-info/METADATA")):
-            for line in meta.read_text(encoding="utf-8").splitlines():
+            for line in _read_text(meta, tree).splitlines():
                 if line.startswith("Version:"):
                     return line.split(":", 1)[1].strip()
     else:
         pyproject = tree.root / "python" / "pyproject.toml"
         if pyproject.is_file():
-            match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.M)
+            match = re.search(r'^version\s*=\s*"([^"]+)"', _read_text(pyproject, tree), re.M)
             if match:
                 return match.group(1)
     return None
+
+
+def _read_text(path: Path, tree: SglangTree) -> str:
+    """A file the version comes from, as UTF-8; anything else is a damaged tree, said in one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DcpDsparkError(
+            f"cannot read the sglang version: {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start}); expected the file as sglang's release ships it; fix: {tree.restore_hint()}"
+        ) from None
+    except OSError as exc:
+        raise DcpDsparkError(
+            f"cannot read the sglang version from {path}: {exc.strerror}; expected a readable sglang tree; "
+            f"fix: {tree.restore_hint()}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=None)

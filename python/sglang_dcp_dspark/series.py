@@ -9,14 +9,23 @@ say which sglang releases it applies to and which release fixed it upstream::
     0001-....patch
 
 Every operation works on a staging copy of the files the series touches and
-only writes to the sglang tree once the whole series has applied there, so a
-failure leaves the tree byte-identical. Whether a series is applied is decided
-the way patch-package does it: by dry-running it forward and in reverse.
+only writes to the sglang tree once the whole series has applied there; the
+write itself goes through ``journal.commit`` (all files or none, even under
+SIGKILL). Whether a series is applied is decided the way patch-package does
+it: by dry-running it forward and in reverse.
+
+``--series`` names a directory of the package's own ``patches/``; a series
+anywhere else is only read behind an explicit ``--series-dir``. Either way,
+every path a patch names is checked before anything is written: relative,
+without ``..``, under ``python/sglang/`` or ``test/``, and no symlinks or
+submodules.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import os
 import re
 import shutil
@@ -27,11 +36,20 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from . import journal
 from .compat import SglangTree, locate_tree, parse_version
 from .errors import DcpDsparkError
 
 _DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 _HEADER_RE = re.compile(r"^#\s*([a-z-]+):\s*(.+?)\s*$")
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+# A series name is one directory of patches/, a patch name one file of it.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The only places a series may touch, as patches name them.
+_ALLOWED_PREFIXES = ("python/sglang/", "test/")
+# Which series this tool applied, with the digests it left: the one fact that
+# tells "applied by us" from "shipped by the release" once both read the same.
+RECORD = ".sglang-dcp-dspark-applied.json"
 
 # Stable export, as Electron does it: no commit ids, stats or signatures to churn.
 FORMAT_PATCH_FLAGS = (
@@ -104,16 +122,121 @@ def available_series() -> list[str]:
 
 
 def load_series(name: str) -> Series:
+    """A series of the package's own ``patches/``, by name; a path is never taken here."""
+    if not _NAME_RE.match(name):
+        known = ", ".join(available_series()) or "none"
+        raise DcpDsparkError(
+            f"{name!r} is not a series name; expected one of: {known} (a series directory elsewhere needs "
+            "--series-dir DIR); fix: sglang-dcp-dspark status"
+        )
     directory = patches_root() / name
-    listing = directory / "series"
-    if not listing.is_file():
+    if not (directory / "series").is_file():
         known = ", ".join(available_series()) or "none"
         raise DcpDsparkError(
             f"unknown series {name!r}; expected one of: {known}; fix: sglang-dcp-dspark status"
         )
+    return _load(directory, name)
+
+
+def load_series_dir(directory: str | Path) -> Series:
+    """A series from a directory the user named explicitly (``--series-dir``)."""
+    directory = Path(directory)
+    if not (directory / "series").is_file():
+        raise DcpDsparkError(
+            f"{directory} holds no series file; expected a directory with a series listing and its patches; "
+            "fix: pass --series-dir a directory like the package's patches/sglang-0.5.17"
+        )
+    return _load(directory, directory.resolve().name)
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DcpDsparkError(
+            f"{what} {path} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "expected a git format-patch file; fix: regenerate it with sglang-dcp-dspark export"
+        ) from None
+    except OSError as exc:
+        raise DcpDsparkError(f"cannot read {what} {path}: {exc.strerror}; fix: reinstall sglang-dcp-dspark") from None
+
+
+def _unsafe(path: str, patch: Path) -> DcpDsparkError:
+    return DcpDsparkError(
+        f"patch {patch} names {path!r}, which is not a plain path under {' or '.join(_ALLOWED_PREFIXES)}; "
+        "nothing was written; expected a series for sglang's own files; fix: use a series from sglang-dcp-dspark "
+        "status or regenerate it with sglang-dcp-dspark export"
+    )
+
+
+def _check_path(raw: str, patch: Path, *, strip: bool) -> None:
+    """Refuse a path git would write outside the series' files: absolute, ``..``, quoted or elsewhere."""
+    if raw == "/dev/null":
+        return
+    if raw.startswith('"') or "\\" in raw:
+        raise _unsafe(raw, patch)
+    path = raw.split("\t")[0]
+    if strip:
+        path = path.split("/", 1)[1] if "/" in path else ""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or not path.startswith(_ALLOWED_PREFIXES):
+        raise _unsafe(raw, patch)
+
+
+def _patch_files(text: str, patch: Path) -> tuple[str, ...]:
+    """The files a patch changes, after checking every path and mode git apply would act on.
+
+    Hunk bodies are skipped by their line counts, so a removed line that
+    happens to read "--- x" is content, not a file header.
+    """
+    files: list[str] = []
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        hunk = _HUNK_RE.match(line)
+        if hunk:
+            old = int(hunk.group(1) or 1)
+            new = int(hunk.group(2) or 1)
+            while (old > 0 or new > 0) and i + 1 < len(lines):
+                i += 1
+                body = lines[i]
+                if body.startswith("-"):
+                    old -= 1
+                elif body.startswith("+"):
+                    new -= 1
+                elif body.startswith("\\"):
+                    pass
+                else:
+                    old, new = old - 1, new - 1
+        elif line.startswith("diff --git "):
+            match = _DIFF_RE.match(line)
+            if not match:
+                raise _unsafe(line.removeprefix("diff --git "), patch)
+            for raw in match.groups():
+                _check_path(raw, patch, strip=False)
+            files.append(match.group(2))
+        elif line.startswith(("--- ", "+++ ")) and (
+            line.startswith("+++ ") or (i + 1 < len(lines) and lines[i + 1].startswith("+++ "))
+        ):
+            _check_path(line[4:], patch, strip=True)
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            _check_path(line.split(" ", 2)[2], patch, strip=False)
+        elif line.startswith(("new file mode ", "new mode ", "old mode ", "deleted file mode ", "index ")):
+            if line.rstrip().endswith((" 120000", " 160000")):
+                raise DcpDsparkError(
+                    f"patch {patch} creates a symlink or a submodule ({line.strip()}); nothing was written; "
+                    "expected changes to regular files only; fix: use a series from sglang-dcp-dspark status"
+                )
+        i += 1
+    return tuple(dict.fromkeys(files))
+
+
+def _load(directory: Path, name: str) -> Series:
+    listing = directory / "series"
     headers: dict[str, str] = {}
     patches: list[Patch] = []
-    for line in listing.read_text(encoding="utf-8").splitlines():
+    for line in _read(listing, "series listing").splitlines():
         line = line.strip()
         if not line:
             continue
@@ -122,15 +245,18 @@ def load_series(name: str) -> Series:
             if match:
                 headers[match.group(1)] = match.group(2)
             continue
+        if not _NAME_RE.match(line):
+            raise DcpDsparkError(
+                f"series {name} lists {line!r}, which is not a file name in {directory}; nothing was written; "
+                "expected plain patch names; fix: regenerate the series with sglang-dcp-dspark export"
+            )
         path = directory / line
         if not path.is_file():
             raise DcpDsparkError(
                 f"series {name} lists {line} but the file is missing; expected it in {directory}; "
                 "fix: reinstall sglang-dcp-dspark or regenerate with sglang-dcp-dspark export"
             )
-        text = path.read_text(encoding="utf-8")
-        files = tuple(dict.fromkeys(m.group(2) for m in _DIFF_RE.finditer(text)))
-        patches.append(Patch(path=path, files=files))
+        patches.append(Patch(path=path, files=_patch_files(_read(path, "patch"), path)))
     try:
         applies_to = SpecifierSet(headers.get("applies-to", ""))
     except InvalidSpecifier as exc:
@@ -158,11 +284,14 @@ class Status:
     tree: SglangTree
     state: State
     applied: int  # how many leading patches are in the tree
+    recorded: bool = False  # this tool applied the whole series and the files are as it left them
 
     def line(self) -> str:
         s = self.series
         if self.state is State.PARTIAL:
             detail = f"{self.applied} of {len(s.patches)} patches in the tree"
+        elif self.state is State.FIXED_UPSTREAM and self.recorded:
+            detail = "applied by sglang-dcp-dspark (the files now read as the fixed release); revert undoes it"
         elif self.state is State.FIXED_UPSTREAM:
             detail = f"sglang {s.fixed_upstream} and later carry the fix"
         elif self.state is State.CONFLICT and not s.targets(self.tree.version):
@@ -174,13 +303,60 @@ class Status:
         return f"{s.name:<22} {self.state.value:<18} {detail}"
 
 
+@functools.lru_cache(maxsize=None)
+def _git_problem(git: str, stamp: int) -> str | None:
+    """Why this git binary cannot be used, or None; ``stamp`` (its mtime) re-checks a replaced binary."""
+    try:
+        result = subprocess.run([git, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if result.returncode != 0 or not result.stdout.startswith("git version"):
+        said = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[0]
+        return f"git --version exited {result.returncode}: {said}"
+    return None
+
+
+def _git_error(git: str, why: str) -> DcpDsparkError:
+    return DcpDsparkError(
+        f"git at {git} does not work ({why}); nothing in the sglang tree was changed; expected a working git "
+        "to apply patch series; fix: reinstall git (apt-get install --reinstall git) or put a working git first on PATH"
+    )
+
+
 def require_git() -> str:
     git = shutil.which("git")
     if git is None:
         raise DcpDsparkError(
-            "git was not found on PATH; expected git to apply patch series; fix: apt-get install git"
+            "git was not found on PATH; nothing in the sglang tree was changed; expected git to apply patch "
+            "series; fix: apt-get install git"
         )
+    try:
+        stamp = os.stat(git).st_mtime_ns
+    except OSError:
+        stamp = 0
+    problem = _git_problem(git, stamp)
+    if problem:
+        raise _git_error(git, problem)
     return git
+
+
+# What git says when the staging directory, not the patch, is the problem.
+_STAGING_FAULTS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def _staging_error(why: str) -> DcpDsparkError:
+    return DcpDsparkError(
+        f"cannot stage the series in {tempfile.gettempdir()} ({why}); nothing in the sglang tree was changed; "
+        "expected room for a copy of the series' files there; fix: free space there or set TMPDIR to a "
+        "directory with room, and rerun"
+    )
+
+
+def _temporary_directory(prefix: str) -> tempfile.TemporaryDirectory:
+    try:
+        return tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
+    except OSError as exc:
+        raise _staging_error(exc.strerror or str(exc)) from None
 
 
 class _Staging:
@@ -189,14 +365,28 @@ class _Staging:
     def __init__(self, tree: SglangTree, series: Series) -> None:
         self.tree = tree
         self.series = series
-        self._dir = tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-")
+        self._dir = _temporary_directory("sglang-dcp-dspark-")
         self.root = Path(self._dir.name)
-        for name in series.tree_files(tree):
-            source = tree.path_of(name)
-            if source.is_file():
-                dest = self.root / source.relative_to(tree.root)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, dest)
+        self.originals: dict[str, bytes | None] = {}
+        try:
+            for name in series.tree_files(tree):
+                source = tree.path_of(name)
+                rel = str(source.relative_to(tree.root))
+                self.originals[rel] = None
+                if source.is_file():
+                    data = source.read_bytes()
+                    self.originals[rel] = data
+                    dest = self.root / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(data)
+        except OSError as exc:
+            self._dir.cleanup()
+            if exc.filename and str(exc.filename).startswith(str(tree.root)):
+                raise DcpDsparkError(
+                    f"cannot read {exc.filename}: {exc.strerror}; expected a readable sglang tree; "
+                    f"fix: {tree.restore_hint()}"
+                ) from None
+            raise _staging_error(exc.strerror or str(exc)) from None
 
     def __enter__(self) -> "_Staging":
         return self
@@ -205,14 +395,25 @@ class _Staging:
         self._dir.cleanup()
 
     def _git_apply_one(self, root: Path, patch: Patch, reverse: bool) -> subprocess.CompletedProcess:
-        args = [require_git(), "apply", f"-p{self.tree.strip}"]
+        git = require_git()
+        args = [git, "apply", f"-p{self.tree.strip}"]
         if self.tree.layout == "installed":
             args.append("--include=sglang/*")
         if reverse:
             args.append("-R")
         args.append(str(patch.path))
         env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent), LC_ALL="C")
-        return subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+        try:
+            result = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, errors="replace")
+        except OSError as exc:
+            raise _git_error(git, exc.strerror or str(exc)) from None
+        # A git that dies by a signal, or cannot be run, says nothing about the patch.
+        if result.returncode < 0 or result.returncode in (126, 127):
+            raise _git_error(git, f"git apply exited {result.returncode}")
+        fault = next((f for f in _STAGING_FAULTS if f in result.stderr), None)
+        if result.returncode != 0 and fault:
+            raise _staging_error(fault)
+        return result
 
     def git_apply(self, patches, *, reverse: bool = False, check: bool = False) -> subprocess.CompletedProcess:
         """Apply patches in order (-R: last first), one ``git apply`` each; the first failure stops.
@@ -221,12 +422,15 @@ class _Staging:
         the same file onto the first two, so each patch gets its own run. With
         ``check`` they run on a throwaway copy and staging stays as it was.
         """
-        scratch = tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-check-") if check else None
+        scratch = _temporary_directory("sglang-dcp-dspark-check-") if check else None
         root = self.root
         try:
             if scratch is not None:
                 root = Path(scratch.name)
-                shutil.copytree(self.root, root, dirs_exist_ok=True)
+                try:
+                    shutil.copytree(self.root, root, dirs_exist_ok=True)
+                except (OSError, shutil.Error) as exc:
+                    raise _staging_error(getattr(exc, "strerror", None) or "copying the staging files failed") from None
             result = subprocess.CompletedProcess([], 0, "", "")
             for patch in (list(reversed(patches)) if reverse else list(patches)):
                 result = self._git_apply_one(root, patch, reverse)
@@ -240,13 +444,45 @@ class _Staging:
     def applies(self, patches, *, reverse: bool = False) -> bool:
         return not patches or self.git_apply(patches, reverse=reverse, check=True).returncode == 0
 
-    def contents(self) -> dict[Path, bytes | None]:
-        """New bytes for every series file in the tree; None where the series deletes it."""
-        result: dict[Path, bytes | None] = {}
-        for name in self.series.tree_files(self.tree):
-            staged = self.root / self.tree.path_of(name).relative_to(self.tree.root)
-            result[self.tree.path_of(name)] = staged.read_bytes() if staged.is_file() else None
+    def changes(self) -> list[journal.Change]:
+        """Every series file of the tree as it was copied and as staging has it now."""
+        result = []
+        for rel, before in self.originals.items():
+            staged = self.root / rel
+            try:
+                after = staged.read_bytes() if staged.is_file() else None
+            except OSError as exc:
+                raise _staging_error(exc.strerror or str(exc)) from None
+            result.append(journal.Change(rel, before, after))
         return result
+
+
+def _read_record(tree: SglangTree) -> dict:
+    path = tree.root / RECORD
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # absent, or not ours to trust: as if nothing had been recorded
+    return record.get("series", {}) if isinstance(record, dict) else {}
+
+
+def _record_change(tree: SglangTree, series: Series, after: dict[str, bytes | None] | None) -> journal.Change:
+    """The record file as it is, and with ``series`` entered (``after`` given) or removed."""
+    path = tree.root / RECORD
+    before = path.read_bytes() if path.is_file() else None
+    entries = dict(_read_record(tree))
+    entries.pop(series.name, None)
+    if after is not None:
+        entries[series.name] = {"files": {rel: journal.sha256(data) for rel, data in sorted(after.items())}}
+    data = (json.dumps({"format": 1, "series": entries}, indent=1, sort_keys=True) + "\n").encode() if entries else None
+    return journal.Change(RECORD, before, data)
+
+
+def _recorded(tree: SglangTree, series: Series) -> bool:
+    entry = _read_record(tree).get(series.name)
+    if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict) or not entry["files"]:
+        return False
+    return all(journal.digest_of(tree.root / rel) == digest for rel, digest in entry["files"].items())
 
 
 def inspect(tree: SglangTree, series: Series) -> Status:
@@ -255,13 +491,24 @@ def inspect(tree: SglangTree, series: Series) -> Status:
         if staging.applies(patches):
             return Status(series, tree, State.APPLICABLE, 0)
         if staging.applies(patches, reverse=True):
-            state = State.FIXED_UPSTREAM if series.fixed_in(tree.version) else State.APPLIED
-            return Status(series, tree, state, len(patches))
+            if series.fixed_in(tree.version):
+                return Status(series, tree, State.FIXED_UPSTREAM, len(patches), _recorded(tree, series))
+            return Status(series, tree, State.APPLIED, len(patches))
         for k in range(len(patches) - 1, 0, -1):
             if staging.applies(patches[:k], reverse=True) and staging.applies(patches[k:]):
                 return Status(series, tree, State.PARTIAL, k)
     state = State.FIXED_UPSTREAM if series.fixed_in(tree.version) else State.CONFLICT
     return Status(series, tree, state, 0)
+
+
+def recover(tree: SglangTree, *, action: str | None = None, series: str | None = None) -> str | None:
+    """Finish or undo an operation a kill left half done (see ``journal``); the line saying which, or None.
+
+    The same command as the interrupted one finishes it; anything else,
+    ``status`` included, undoes it.
+    """
+    with journal.locked(tree.root):
+        return journal.recover(tree.root, intent=(action, series) if action else None)
 
 
 def _first_failing(staging: _Staging, patches) -> tuple[Patch, str]:
@@ -274,46 +521,19 @@ def _first_failing(staging: _Staging, patches) -> tuple[Patch, str]:
     return patches[-1], "unknown failure"
 
 
-def _write_all(contents: dict[Path, bytes | None], action: str) -> None:
-    """Write every file or none: check writability first, roll back on any error."""
-    for path, data in contents.items():
-        probe = path if path.exists() else path.parent
-        while not probe.exists():
-            probe = probe.parent
-        if not os.access(probe, os.W_OK) or (not path.exists() and not os.access(probe, os.W_OK | os.X_OK)):
-            raise DcpDsparkError(
-                f"cannot {action}: {probe} is read-only; expected a writable sglang tree; "
-                f"fix: rerun as its owner (e.g. sudo sglang-dcp-dspark {action} --target ...) or "
-                "install sglang into a writable environment"
-            )
-    originals = {path: (path.read_bytes() if path.exists() else None) for path in contents}
-    written: list[Path] = []
-    try:
-        for path, data in contents.items():
-            if data == originals[path]:
-                continue
-            written.append(path)
-            if data is None:
-                path.unlink()
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-    except OSError as exc:
-        for path in written:
-            before = originals[path]
-            if before is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_bytes(before)
-        raise DcpDsparkError(
-            f"cannot {action}: writing {exc.filename} failed ({exc.strerror}); the tree was restored; "
-            f"fix: make the sglang tree writable and rerun sglang-dcp-dspark {action}"
-        ) from None
+def _with_note(note: str | None, line: str) -> str:
+    return f"{note}\n{line}" if note else line
 
 
 def apply(tree: SglangTree, series: Series) -> str:
-    """Apply the rest of a series; returns a one-line report."""
+    """Apply the rest of a series; returns a one-line report (two after recovering a killed run)."""
     require_git()
+    with journal.locked(tree.root):
+        note = recover(tree, action="apply", series=series.name)
+        return _with_note(note, _apply(tree, series))
+
+
+def _apply(tree: SglangTree, series: Series) -> str:
     status = inspect(tree, series)
     if status.state is State.APPLIED:
         return f"{series.name}: already applied to {tree.describe()}; nothing to do"
@@ -331,45 +551,59 @@ def apply(tree: SglangTree, series: Series) -> str:
             patch, why = _first_failing(staging, pending)
             raise DcpDsparkError(
                 f"patch {patch.name} does not apply to {tree.describe()} ({why}); expected unmodified "
-                f"sglang{series.applies_to}; fix: pip install --force-reinstall --no-deps "
-                f"'sglang{series.applies_to}' and rerun sglang-dcp-dspark apply"
+                f"sglang{series.applies_to}; fix: {tree.restore_hint(str(series.applies_to))} and rerun "
+                "sglang-dcp-dspark apply"
             )
         result = staging.git_apply(pending)
         if result.returncode != 0:  # inspect() said it applies; anything else is a bug or a race
-            raise DcpDsparkError(f"git apply failed in staging: {result.stderr.strip().splitlines()[0]}")
-        _write_all(staging.contents(), "apply")
-    after = inspect(tree, series)
-    # A series in upstream's own form turns its base into exactly what the
-    # fixed release shipped, so a full apply may read as "fixed upstream":
-    # what counts is that the whole series now reverts.
-    if after.applied != len(series.patches):
-        revert(tree, series)
-        raise DcpDsparkError(
-            f"{series.name}: tree reads as {after.state.value} after applying; it was reverted; "
-            "fix: report this with the output of sglang-dcp-dspark status"
-        )
+            raise DcpDsparkError(f"git apply failed in staging: {(result.stderr.strip() or 'no output').splitlines()[0]}")
+        # Checked here, before the tree is touched: the whole series must now
+        # reverse-apply. (A series in upstream's form turns its base into what
+        # the fixed release shipped, so the tree may then read "fixed upstream".)
+        if not staging.applies(series.patches, reverse=True):
+            raise DcpDsparkError(
+                f"{series.name}: the staged result does not reverse-apply; nothing in the tree was changed; "
+                "fix: report this with the output of sglang-dcp-dspark status"
+            )
+        changes = staging.changes()
+    changes.append(_record_change(tree, series, {c.rel: c.after for c in changes}))
+    journal.commit(tree.root, changes, action="apply", series=series.name, verb="apply")
     return f"{series.name}: applied {len(pending)} patch(es) to {tree.describe()}"
 
 
 def revert(tree: SglangTree, series: Series) -> str:
-    """Undo whatever part of a series is in the tree; returns a one-line report."""
+    """Undo whatever part of a series is in the tree; returns a one-line report (two after recovering)."""
     require_git()
+    with journal.locked(tree.root):
+        note = recover(tree, action="revert", series=series.name)
+        return _with_note(note, _revert(tree, series))
+
+
+def _revert(tree: SglangTree, series: Series) -> str:
     status = inspect(tree, series)
+    applied = status.applied
     if status.state is State.APPLICABLE:
         return f"{series.name}: not applied to {tree.describe()}; nothing to revert"
-    if status.state is State.FIXED_UPSTREAM:
+    if status.state is State.FIXED_UPSTREAM and not status.recorded:
         return f"{series.name}: {tree.describe()} carries the fix upstream; nothing of ours to revert"
+    if status.state is State.CONFLICT and tree.version is not None and not series.targets(tree.version):
+        raise DcpDsparkError(
+            f"series {series.name} targets sglang{series.applies_to} but {tree.describe()} is another release, "
+            "so none of it is in the tree to revert; fix: sglang-dcp-dspark status lists the series for this tree"
+        )
     if status.state is State.CONFLICT:
         raise DcpDsparkError(
             f"{series.name} cannot be reverted from {tree.describe()}: its files match neither the "
-            f"stock nor the patched sources; fix: pip install --force-reinstall --no-deps 'sglang{series.applies_to}'"
+            f"stock nor the patched sources; fix: {tree.restore_hint(str(series.applies_to))}"
         )
     with _Staging(tree, series) as staging:
-        result = staging.git_apply(series.patches[: status.applied], reverse=True)
+        result = staging.git_apply(series.patches[:applied], reverse=True)
         if result.returncode != 0:
-            raise DcpDsparkError(f"git apply -R failed in staging: {result.stderr.strip().splitlines()[0]}")
-        _write_all(staging.contents(), "revert")
-    return f"{series.name}: reverted {status.applied} patch(es) from {tree.describe()}"
+            raise DcpDsparkError(f"git apply -R failed in staging: {(result.stderr.strip() or 'no output').splitlines()[0]}")
+        changes = staging.changes()
+    changes.append(_record_change(tree, series, None))
+    journal.commit(tree.root, changes, action="revert", series=series.name, verb="revert")
+    return f"{series.name}: reverted {applied} patch(es) from {tree.describe()}"
 
 
 def export(repo: Path, base: str, series_name: str, *, out_dir: Path | None = None) -> list[Path]:
@@ -379,35 +613,54 @@ def export(repo: Path, base: str, series_name: str, *, out_dir: Path | None = No
     into ``out_dir`` (default: the series' own directory) and returns the files
     written. Output depends only on the commits, so a re-export of unchanged
     commits is byte-identical: CI compares it with what is committed.
+
+    Only patches the directory's old ``series`` listing named are removed, so
+    an ``--out`` that holds other ``.patch`` files keeps them.
     """
+    if not _NAME_RE.match(series_name):
+        raise DcpDsparkError(
+            f"{series_name!r} is not a series name; expected a directory name such as sglang-0.5.17; "
+            "fix: pass --series NAME (and --out DIR to write elsewhere)"
+        )
     git = require_git()
     target = out_dir or (patches_root() / series_name)
     listing = patches_root() / series_name / "series"
-    header = [l for l in listing.read_text(encoding="utf-8").splitlines() if l.startswith("#")] if listing.is_file() else []
-    with tempfile.TemporaryDirectory(prefix="sglang-dcp-dspark-export-") as tmp:
+    header = [l for l in _read(listing, "series listing").splitlines() if l.startswith("#")] if listing.is_file() else []
+    with _temporary_directory("sglang-dcp-dspark-export-") as tmp:
         result = subprocess.run(
             [git, "-c", "core.abbrev=40", "format-patch", *FORMAT_PATCH_FLAGS, "-o", tmp, f"{base}..HEAD"],
             cwd=repo,
             capture_output=True,
             text=True,
+            errors="replace",
         )
         if result.returncode != 0:
             raise DcpDsparkError(
-                f"git format-patch {base}..HEAD failed in {repo}: {result.stderr.strip().splitlines()[-1]}; "
+                f"git format-patch {base}..HEAD failed in {repo}: {(result.stderr.strip() or 'no output').splitlines()[-1]}; "
                 "expected a git checkout with the series committed on top of BASE; fix: pass --repo and --base"
             )
         produced = sorted(Path(tmp).glob("*.patch"))
         if not produced:
             raise DcpDsparkError(f"no commits in {base}..HEAD of {repo}; expected the series' commits; fix: check --base")
-        target.mkdir(parents=True, exist_ok=True)
-        for old in target.glob("*.patch"):
-            old.unlink()
-        written = []
-        for patch in produced:
-            dest = target / patch.name
-            shutil.copyfile(patch, dest)
-            written.append(dest)
-    (target / "series").write_text("\n".join(header + [p.name for p in written]) + "\n", encoding="utf-8")
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            old_listing = target / "series"
+            if old_listing.is_file():
+                for line in _read(old_listing, "series listing").splitlines():
+                    line = line.strip()
+                    if _NAME_RE.match(line) and line.endswith(".patch") and (target / line).is_file():
+                        (target / line).unlink()
+            written = []
+            for patch in produced:
+                dest = target / patch.name
+                shutil.copyfile(patch, dest)
+                written.append(dest)
+            (target / "series").write_text("\n".join(header + [p.name for p in written]) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise DcpDsparkError(
+                f"cannot write the series into {target}: {exc.strerror} on {exc.filename or target}; "
+                "fix: free space or pick a writable --out, and rerun sglang-dcp-dspark export"
+            ) from None
     return written + [target / "series"]
 
 
@@ -458,6 +711,34 @@ def reconstruct_base(source: SglangTree, series: Series, out: Path) -> str:
                 f"that shipped it (sglang {series.fixed_upstream}); fix: pip install --no-deps --target DIR "
                 f"'sglang=={series.fixed_upstream}' and pass --from DIR"
             )
+    existed = out.exists()
+    try:
+        _copy_for_base(source, series, out)
+        base = locate_tree(out)
+        with _Staging(base, series) as staging:
+            result = staging.git_apply(series.patches, reverse=True)
+            if result.returncode != 0:  # checked above on the same bytes; anything else is a bug
+                raise DcpDsparkError(f"git apply -R failed in staging: {(result.stderr.strip() or 'no output').splitlines()[0]}")
+            changes = staging.changes()
+        journal.commit(base.root, changes, action="base", series=series.name, verb="base")
+    except BaseException as exc:
+        # A half-built base must not pass for a base later: OUT was new or
+        # empty (checked above), so all of it is ours to remove.
+        if existed:
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise DcpDsparkError(
+                f"cannot build the base in {out}: {exc.strerror} on {exc.filename or out}; it was removed again; "
+                "fix: free space or pick another --out, and rerun sglang-dcp-dspark base"
+            ) from None
+        raise
+    return f"{series.name}: base rebuilt at {base.package} from {source.describe()}, {len(series.patches)} patch(es) reversed"
+
+
+def _copy_for_base(source: SglangTree, series: Series, out: Path) -> None:
     skip = shutil.ignore_patterns("__pycache__")
     if source.layout == "installed":
         shutil.copytree(source.package, out / "sglang", ignore=skip)
@@ -470,13 +751,6 @@ def reconstruct_base(source: SglangTree, series: Series, out: Path) -> str:
             if (source.root / name).is_file():
                 (out / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source.root / name, out / name)
-    base = locate_tree(out)
-    with _Staging(base, series) as staging:
-        result = staging.git_apply(series.patches, reverse=True)
-        if result.returncode != 0:  # checked above on the same bytes; anything else is a bug
-            raise DcpDsparkError(f"git apply -R failed in staging: {result.stderr.strip().splitlines()[0]}")
-        _write_all(staging.contents(), "base")
-    return f"{series.name}: base rebuilt at {base.package} from {source.describe()}, {len(series.patches)} patch(es) reversed"
 
 
 def workbench(base: SglangTree, series: Series, repo: Path) -> str:
