@@ -58,6 +58,7 @@ def launch(model: str, algorithm: str) -> str:
 
 def main(model: str, spawn: bool) -> None:
     import logging
+    from types import SimpleNamespace
 
     # Collect the plugin's own log lines; sglang's go to the parent's stderr.
     lines: list[str] = []
@@ -72,6 +73,10 @@ def main(model: str, spawn: bool) -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
+    # As _launch_subprocesses does next; the plugin writes its decisions now.
+    from sglang.srt.utils.common import configure_logger
+
+    configure_logger(SimpleNamespace(log_level="info"))
     result = {"dspark": launch(model, "DSPARK"), "eagle": launch(model, "EAGLE")}
     # kv_cache_builder is imported only now, after load_plugins().
     result["late_import"] = registration_coverage()

@@ -47,3 +47,43 @@ def test_no_draft_registered_is_not_checked():
     from types import SimpleNamespace
 
     guard.check_cache_controller(SimpleNamespace(mem_pool_host=None, mem_pool_host_draft=None))
+
+
+# The fix the one-line error names, per case.
+
+
+@pytest.mark.parametrize(
+    "environ,case",
+    [({}, guard.Remedy.SERIES_MISSING), ({"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}, guard.Remedy.PLUGIN_OFF),
+     ({"SGLANG_PLUGINS": "other"}, guard.Remedy.PLUGIN_OFF)],
+)
+def test_the_default_remedy_follows_the_plugin_state(environ, case):
+    assert guard.remedy_for(environ) is case
+
+
+def test_each_remedy_names_its_fix(stock_registration, monkeypatch):
+    pair = hostpool.build_pools(hostpool.Geometry(2), register=stock_registration)
+    said = {}
+    for case in guard.Remedy:
+        with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
+            guard.check_draft_host_pool(pair.target_host_pool, pair.draft_host_pool, case)
+        said[case] = str(caught.value)
+        assert "\n" not in said[case] and said[case].endswith(guard.REMEDY[case])
+        assert "sglang-dcp-dspark apply" in said[case]
+    assert "unset SGLANG_ENABLE_DCP_DSPARK_PLUGIN" in said[guard.Remedy.PLUGIN_OFF]
+    assert "another hook or edit replaced maybe_register_hicache_draft" in said[guard.Remedy.SHADOWED]
+    assert "does not recognise this sglang's draft registration" in said[guard.Remedy.SERIES_MISSING]
+    monkeypatch.setenv("SGLANG_ENABLE_DCP_DSPARK_PLUGIN", "0")  # no case given: read from the environment
+    with pytest.raises(guard.DraftHostPoolTooSmall, match="turn the dcp_dspark plugin on"):
+        guard.check_draft_host_pool(pair.target_host_pool, pair.draft_host_pool)
+
+
+def test_a_hook_shadowed_under_the_plugins_sizing_is_named(stock_registration):
+    # Something under the plugin's hook that sizes from physical rows whatever it is shown.
+    def replaced(**kwargs):
+        kwargs["tree_cache"] = object.__getattribute__(kwargs["tree_cache"], "_target")  # sees past the view
+        return stock_registration(**kwargs)
+
+    hooked = functools.partial(plugin.size_draft_from_logical, replaced)
+    with pytest.raises(guard.DraftHostPoolTooSmall, match="another hook or edit replaced"):
+        hostpool.build_pools(hostpool.Geometry(4), register=hooked)

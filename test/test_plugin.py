@@ -46,7 +46,7 @@ def test_on_stock_sglang_the_plugin_fixes_launcher_and_spawned_scheduler(tiny_ml
         assert set(got[where]["findings"].values()) == {"NEEDS_FIX"}, where
     # One line per target, and a second register() adds none; the draft registration adds what HiCache pins.
     decisions = [line for line in got["plugin_log"] if line.startswith("INFO dcp_dspark:")]
-    assert len(decisions) == 2 and all(line.startswith("INFO dcp_dspark: hooking") for line in decisions)
+    assert len(decisions) == 2 and all(line.startswith("INFO dcp_dspark: hooked") for line in decisions)
     assert any(line.startswith("INFO HiCache pins") and "dcp_size 8" in line for line in got["plugin_log"])
 
 
@@ -62,7 +62,7 @@ def test_on_a_tree_with_the_series_applied_it_stands_aside(tiny_mla_model, tree_
     got = probe(tiny_mla_model, pythonpath=tree_copy.root)
     assert got["dspark"] == "passes" and got["late_import"]["out_of_bounds"] == 0
     assert set(got["late_import"]["findings"].values()) == {"FIXED"}
-    assert len(got["plugin_log"]) == 2 and all(line.startswith("INFO dcp_dspark: leaving") for line in got["plugin_log"])
+    assert len(got["plugin_log"]) == 2 and all(line.startswith("INFO dcp_dspark: left") for line in got["plugin_log"])
 
 
 # In-process: the verdicts on resolvers and registrations that are not 0.5.17's.
@@ -125,6 +125,7 @@ def test_unrecognised_code_gets_no_hook_and_one_warning(caplog, monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     monkeypatch.setattr(plugin, "findings", {})
+    monkeypatch.setattr(plugin, "_live", True)  # as after sglang's configure_logger
     target = "sglang_dcp_dspark.plugin.PLUGIN_NAME"
     before = list(HookRegistry._hooks.get(target, []))
     unknown = lambda: plugin.Finding(target, plugin.Verdict.UNRECOGNISED, "probe said so")  # noqa: E731
@@ -134,3 +135,178 @@ def test_unrecognised_code_gets_no_hook_and_one_warning(caplog, monkeypatch):
     assert HookRegistry._hooks.get(target, []) == before
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     HookRegistry._hooks.pop(target, None)
+
+
+# Fail closed: a probe that cannot judge the registration gets a check-only hook, never nothing.
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """HookRegistry.register, recorded instead of applied, with a fresh decision record."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    calls = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, hook, kind, **kw: calls.append((target, hook, kind))))
+    monkeypatch.setattr(plugin, "findings", {})
+    monkeypatch.setattr(plugin, "_live", True)
+    return calls
+
+
+@pytest.fixture
+def stock_registration():
+    import inspect
+
+    from sglang.srt.mem_cache import kv_cache_builder
+
+    return inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
+
+
+def test_a_failing_registration_probe_gets_the_check_only_hook(registered, monkeypatch, caplog):
+    from sglang_dcp_dspark import hostpool
+
+    def build_pools(g, register=None):
+        raise RuntimeError("injected probe failure")
+
+    monkeypatch.setattr(hostpool, "build_pools", build_pools)
+    with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
+        plugin._hook(plugin.DRAFT_REGISTRATION, plugin.registration_verdict, plugin.size_draft_from_logical, False,
+                     plugin._check_only_if_needed())
+    assert plugin.findings[plugin.DRAFT_REGISTRATION].verdict is plugin.Verdict.UNRECOGNISED
+    assert [(t, h) for t, h, _ in registered] == [(plugin.DRAFT_REGISTRATION, plugin.check_draft_registration)]
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "check-only hook" in caplog.records[0].getMessage()
+
+
+def test_the_check_only_hook_stops_a_short_draft_pool_and_passes_a_correct_one(stock_registration):
+    import functools
+
+    from sglang_dcp_dspark import guard, hostpool
+
+    check_only = functools.partial(plugin.check_draft_registration, stock_registration)
+    with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
+        hostpool.build_pools(hostpool.Geometry(4), register=check_only)
+    assert "\n" not in str(caught.value) and guard.REMEDY[guard.Remedy.SERIES_MISSING] in str(caught.value)
+    # A registration that sizes from logical_size (here the plugin's own) passes through unchanged.
+    fixed = functools.partial(plugin.size_draft_from_logical, stock_registration)
+    pair = hostpool.build_pools(hostpool.Geometry(4), register=functools.partial(plugin.check_draft_registration, fixed))
+    assert pair.out_of_bounds_slots() == 0
+    assert hostpool.build_pools(hostpool.Geometry(1), register=check_only).out_of_bounds_slots() == 0  # dcp 1: stock is right
+
+
+def test_no_check_only_hook_where_upstream_carries_the_fix(monkeypatch):
+    from sglang_dcp_dspark import compat
+
+    monkeypatch.setattr(compat, "installed_sglang_version", lambda: "0.5.18")
+    assert plugin._check_only_if_needed() is None
+    monkeypatch.setattr(compat, "installed_sglang_version", lambda: None)  # unknown: fail closed
+    assert plugin._check_only_if_needed() is plugin.check_draft_registration
+
+
+@pytest.fixture
+def pool_signature_from_a_later_release(monkeypatch):
+    from sglang.srt.mem_cache import memory_pool
+
+    real = memory_pool.MLATokenToKVPool.__init__
+
+    def init(self, *args, layout_hint_from_a_later_release, **kwargs):
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(memory_pool.MLATokenToKVPool, "__init__", init)
+
+
+def test_an_unrecognised_pool_signature_is_a_verdict_not_an_exception(pool_signature_from_a_later_release, registered):
+    budget = plugin.budget_verdict()
+    assert budget.verdict is plugin.Verdict.UNRECOGNISED and "layout_hint_from_a_later_release" in budget.detail
+    assert plugin.registration_verdict().verdict is plugin.Verdict.UNRECOGNISED
+    plugin._hook(plugin.INIT_MEMORY_POOLS, plugin.budget_verdict, plugin.count_draft_in_budget, False)
+    assert registered == []  # no budget hook on code it cannot judge
+
+
+def test_a_probe_that_raises_never_escapes_into_sglangs_import(registered):
+    def judge():
+        raise AttributeError("a module-level name from a later release")
+
+    plugin._hook(plugin.INIT_MEMORY_POOLS, judge, plugin.count_draft_in_budget, False)  # must not raise
+    assert plugin.findings[plugin.INIT_MEMORY_POOLS].verdict is plugin.Verdict.UNRECOGNISED and registered == []
+
+
+def test_probes_keep_sglangs_pool_lines_out_of_the_log(caplog):
+    from sglang_dcp_dspark import hostpool
+
+    with caplog.at_level("INFO"):
+        hostpool.build_pools(hostpool.Geometry(2, device_rows=64, page_size=16))  # the same pools, not probing
+    assert any(r.name.startswith("sglang.") and "is allocated" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        plugin.registration_verdict()
+        plugin.budget_verdict()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("sglang.")] == []
+    import logging
+
+    assert logging.getLogger("sglang").level == logging.NOTSET  # restored
+
+
+def test_decisions_wait_for_sglangs_logging_then_come_out_in_order(monkeypatch, caplog):
+    monkeypatch.setattr(plugin, "_live", False)
+    monkeypatch.setattr(plugin, "_pending", [])
+    with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
+        plugin._say(20, "dcp_dspark: first")
+        plugin._say(30, "dcp_dspark: second")
+        assert caplog.records == []
+        plugin.logging_configured(None, object())
+        plugin._say(20, "dcp_dspark: after")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "dcp_dspark: first"), ("WARNING", "dcp_dspark: second"), ("INFO", "dcp_dspark: after")]
+
+
+def test_register_does_nothing_when_switched_off(monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setenv("SGLANG_ENABLE_DCP_DSPARK_PLUGIN", "off")
+    monkeypatch.setattr(plugin, "active", None)
+    finders = list(sys.meta_path)
+    with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
+        plugin.register()
+        plugin.register()
+    assert plugin.active is False and sys.meta_path == finders
+    assert [r.getMessage() for r in caplog.records] == [
+        "dcp_dspark: plugin off (SGLANG_ENABLE_DCP_DSPARK_PLUGIN=off); no sglang code is hooked"]
+
+
+# status: the plugin's line
+
+
+class _Series:
+    def __init__(self, name, state):
+        from sglang_dcp_dspark import series as series_mod
+
+        self.series = type("S", (), {"name": name})()
+        self.state = series_mod.State(state)
+
+
+@pytest.mark.parametrize(
+    "version,statuses,environ,says",
+    [
+        ("0.5.17", [("sglang-0.5.17", "applicable")], {}, "enabled            fixed at run time by the plugin (series not needed)"),
+        ("0.5.17.post1", [], {}, "fixed at run time by the plugin (series not needed)"),
+        ("0.5.17", [("sglang-0.5.17", "applicable")], {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"},
+         "off                switched off: SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0; only the series would do: `sglang-dcp-dspark apply --series sglang-0.5.17`"),
+        ("0.5.17", [("sglang-0.5.17", "applicable")], {"SGLANG_PLUGINS": "other"}, "sglang skips it: SGLANG_PLUGINS=other"),
+        ("0.5.17", [("sglang-0.5.17", "applied")], {}, "series sglang-0.5.17 applied; the plugin stands aside"),
+        ("0.5.16", [], {}, "the plugin does not handle sglang 0.5.16; only a series would do: no series here applies"),
+        (None, [], {}, "the plugin does not handle sglang of unknown version"),
+        ("0.5.23", [], {}, "sglang 0.5.23 carries the fix upstream; the plugin leaves it alone"),
+    ],
+)
+def test_status_line(version, statuses, environ, says):
+    line = plugin.status_line(version, [_Series(*s) for s in statuses], environ)
+    assert line.startswith("plugin dcp_dspark") and says in line and "\n" not in line
+
+
+def test_status_command_on_the_installed_stock_tree(capsys, monkeypatch):
+    from sglang_dcp_dspark.__main__ import main
+
+    monkeypatch.delenv("SGLANG_ENABLE_DCP_DSPARK_PLUGIN", raising=False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].strip() == "plugin dcp_dspark      enabled            fixed at run time by the plugin (series not needed)"

@@ -9,13 +9,38 @@ registration turns it into one clear error while the scheduler starts.
 
 from __future__ import annotations
 
+import enum
+import os
+from collections.abc import Mapping
+
+from . import switch
 from .errors import DcpDsparkError
 from .sizing import logical_slots
 
-REMEDY = (
-    "fix: pip install sglang-dcp-dspark and keep its plugin on "
-    "(unset SGLANG_PLUGINS or add dcp_dspark to it), or run `sglang-dcp-dspark apply`"
-)
+
+class Remedy(enum.Enum):
+    """Why the draft host pool came out short, which decides the fix to print."""
+
+    PLUGIN_OFF = "plugin_off"  # sglang skipped the plugin or it was switched off
+    SHADOWED = "shadowed"  # the plugin's sizing hook ran, but something under it sized the pool
+    SERIES_MISSING = "series_missing"  # the plugin does not recognise this registration: only the series fixes it
+
+
+SERIES_FIX = "run `sglang-dcp-dspark apply` (the series for sglang 0.5.17) or upgrade to sglang>=0.5.18"
+
+REMEDY = {
+    Remedy.PLUGIN_OFF: f"fix: turn the dcp_dspark plugin on ({switch.TURN_ON}), or {SERIES_FIX}",
+    Remedy.SHADOWED: (
+        "fix: another hook or edit replaced maybe_register_hicache_draft under the dcp_dspark plugin's hook "
+        "(see sglang's 'Applied N hook(s) to ...maybe_register_hicache_draft' log line); remove it, or " + SERIES_FIX
+    ),
+    Remedy.SERIES_MISSING: f"fix: the dcp_dspark plugin does not recognise this sglang's draft registration; {SERIES_FIX}",
+}
+
+
+def remedy_for(environ: Mapping[str, str] = os.environ) -> Remedy:
+    """The likely case when the caller does not know it: plugin off if it is, else only the series would do."""
+    return Remedy.SERIES_MISSING if switch.plugin_state(environ).enabled else Remedy.PLUGIN_OFF
 
 
 class DraftHostPoolTooSmall(DcpDsparkError):
@@ -25,7 +50,7 @@ class DraftHostPoolTooSmall(DcpDsparkError):
         super().__init__(message, exit_code=1)
 
 
-def check_draft_host_pool(target_host_pool, draft_host_pool) -> None:
+def check_draft_host_pool(target_host_pool, draft_host_pool, remedy: Remedy | None = None) -> None:
     """Raise DraftHostPoolTooSmall unless the draft rows cover the target's logical slots."""
     need = logical_slots(target_host_pool)
     have = int(draft_host_pool.size)
@@ -35,12 +60,12 @@ def check_draft_host_pool(target_host_pool, draft_host_pool) -> None:
     raise DraftHostPoolTooSmall(
         f"draft HiCache host pool has {have} rows but the target host pool addresses {need} logical slots "
         f"({target_host_pool.size} rows x dcp_size {dcp}); expected at least {need} draft rows, "
-        f"else L1 eviction writes past the draft buffer; {REMEDY}"
+        f"else L1 eviction writes past the draft buffer; {REMEDY[remedy or remedy_for()]}"
     )
 
 
-def check_cache_controller(cache_controller) -> None:
+def check_cache_controller(cache_controller, remedy: Remedy | None = None) -> None:
     """The same check on a HiCacheController after ``set_draft_kv_pool``; no draft, nothing to check."""
     draft = getattr(cache_controller, "mem_pool_host_draft", None)
     if draft is not None:
-        check_draft_host_pool(cache_controller.mem_pool_host, draft)
+        check_draft_host_pool(cache_controller.mem_pool_host, draft, remedy)

@@ -13,39 +13,63 @@ scheduler process. Its only effect is hooks registered with sglang's
   HiCache pins per rank;
 - an AROUND hook on ``Scheduler.init_memory_pools`` that counts the draft host
   pool in ``--hicache-size`` and stops a launch whose host pools cannot fit in
-  free RAM (:mod:`budget`).
+  free RAM (:mod:`budget`);
+- an AFTER hook on sglang's ``configure_logger`` that changes nothing and only
+  writes the decisions above into the log once sglang has configured it.
 
 Each hook is registered only after asking the code it would patch how it
-behaves: a resolver that already admits DSPARK, or a registration that already
-covers the logical slots (sglang 0.5.18+, or the series applied), is left
-alone with one info line; code that does not behave like 0.5.17 is left alone
-with one warning.
+behaves (the "probes"): a resolver that already admits DSPARK, or a
+registration that already covers the logical slots (sglang 0.5.18+, or the
+series applied), is left alone; code that does not behave like 0.5.17 is left
+alone with a warning. One exception fails closed: on a release older than the
+upstream fix, a draft registration the probe cannot judge gets a check-only
+hook, which runs sglang's own registration and then the guard, because the
+launcher may already have admitted DSPARK and a scheduler must never run with
+a short draft host pool.
+
+Probes run on CPU with pinning off, never import ``sgl_kernel``, catch every
+exception (an unrecognised tree gets a warning, never a crashed import), and
+keep sglang's own log lines about the tiny probe pools out of the log.
 
 Importing ``kv_cache_builder`` or the scheduler costs seconds, and only
-schedulers register a draft, so a module that is not imported yet is not imported here: the hook is
-registered the moment something else imports it.
+schedulers register a draft, so a module that is not imported yet is not
+imported here: the hook is registered the moment something else imports it.
+
+``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0`` turns the plugin off (:mod:`switch`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.abc
 import importlib.util
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
+
+from . import switch
 
 logger = logging.getLogger(__name__)
+# Lines an operator must see whatever --log-level says (code not recognised,
+# plugin off). A logger pinned at WARNING passes them on to sglang's handlers
+# even when sglang sets the root logger to ERROR.
+loud = logging.getLogger(f"{__name__}.always")
+loud.setLevel(logging.WARNING)
 
-PLUGIN_NAME = "dcp_dspark"
+PLUGIN_NAME = switch.PLUGIN_NAME
 SERVER_ARGS = "sglang.srt.server_args"
 KV_CACHE_BUILDER = "sglang.srt.mem_cache.kv_cache_builder"
 SCHEDULER = "sglang.srt.managers.scheduler"
+LOGGING_SETUP = "sglang.srt.utils.common"
 INIT_MEMORY_POOLS = f"{SCHEDULER}.Scheduler.init_memory_pools"
 RESOLVER = f"{SERVER_ARGS}.ServerArgs._resolve_hicache_dcp_compatibility"
 DRAFT_REGISTRATION = f"{KV_CACHE_BUILDER}.maybe_register_hicache_draft"
+CONFIGURE_LOGGER = f"{LOGGING_SETUP}.configure_logger"
 FIXED_UPSTREAM_IN = "0.5.18"
+# The release whose code the hooks were written against and tested on.
+WRITTEN_FOR = "0.5.17"
 
 
 class Verdict(enum.Enum):
@@ -64,6 +88,8 @@ class Finding:
 
 # What register() decided per target in this process; read by preflight and tests.
 findings: dict[str, Finding] = {}
+# True once register() has acted in this process, False when it found the plugin switched off.
+active: bool | None = None
 
 
 class Overlay:
@@ -90,6 +116,96 @@ class Overlay:
 
     def __setattr__(self, name: str, value: object) -> None:
         setattr(object.__getattribute__(self, "_target"), name, value)
+
+
+# ------------------------------------------------------------ decision log
+#
+# sglang calls load_plugins() before it configures logging (launch_server,
+# Engine, and run_scheduler_process, which calls configure_logger right after),
+# so anything logged while register() runs meets a root logger with no handler
+# and INFO lines vanish. The decisions are therefore kept here and written by
+# an AFTER hook on sglang's own configure_logger: the first moment each process
+# has sglang's format, prefix (" TP0" ...) and level in place. HookRegistry
+# re-points the scheduler's `from ... import configure_logger` binding, so the
+# scheduler's own call reaches the hook. Decisions taken after that (a module
+# imported later) are logged at once. Where the observer cannot be installed
+# (sglang moved configure_logger), the first call into a hooked function
+# writes them instead, which in a scheduler is also after logging is set up.
+
+_pending: list[tuple[logging.Logger, int, str]] = []
+# The plugin name sglang's load_plugins() set while register() ran, so hooks
+# registered later (a module imported after load_plugins()) are attributed too.
+_source = None
+_live = False
+_observer_installed = False
+
+
+def _say(level: int, message: str) -> None:
+    out = loud if level >= logging.WARNING else logger
+    if _live:
+        out.log(level, message)
+    else:
+        _pending.append((out, level, message))
+
+
+def _flush() -> None:
+    global _live
+    _live = True
+    while _pending:
+        out, level, message = _pending.pop(0)
+        out.log(level, message)
+
+
+def logging_configured(result, *args, **kwargs):
+    """AFTER hook for sglang's ``configure_logger``: write the decisions taken so far."""
+    try:
+        _flush()
+    except Exception:  # a log line is never worth a failed start-up
+        pass
+    return None  # keep configure_logger's own result
+
+
+def _first_call() -> None:
+    # A process that configured logging before load_plugins() never reaches the
+    # observer; by the first hooked call its handlers are in place. Without any
+    # handler, keep waiting: the launcher calls the resolver before configure_logger.
+    if not _live and (not _observer_installed or logging.getLogger().handlers):
+        _flush()
+
+
+# ------------------------------------------------------------------ probes
+
+
+@contextlib.contextmanager
+def _probing() -> Iterator[None]:
+    """Keep sglang's log lines about the probe's tiny pools out of the log.
+
+    Lines like "KV Cache is allocated ... #tokens: 64" would read as the real
+    pools' in the launcher. The probe's outcome is reported by the decision
+    line instead. Probes run single-threaded inside an import or load_plugins().
+    """
+    sglang_logger = logging.getLogger("sglang")
+    level = sglang_logger.level
+    sglang_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        sglang_logger.setLevel(level)
+
+
+def _version_at_least(version: str | None, floor: str) -> bool:
+    from .compat import parse_version
+
+    parsed = parse_version(version)
+    return parsed is not None and parsed >= parse_version(floor)
+
+
+def handles(version: str | None) -> bool:
+    """Is this the release the plugin's hooks were written for (any post or local build of it)?"""
+    from .compat import parse_version
+
+    parsed = parse_version(version)
+    return parsed is not None and parsed.release[:3] == parse_version(WRITTEN_FOR).release[:3]
 
 
 # ---------------------------------------------------------------- resolver
@@ -128,7 +244,8 @@ def resolver_verdict(resolve: Callable | None = None) -> Finding:
         resolve = getattr(ServerArgs, "_resolve_hicache_dcp_compatibility", None)
     if resolve is None:
         return _by_version(RESOLVER, "ServerArgs has no _resolve_hicache_dcp_compatibility")
-    plain, dspark, eagle = (_gate_outcome(resolve, a) for a in (None, "DSPARK", "EAGLE"))
+    with _probing():
+        plain, dspark, eagle = (_gate_outcome(resolve, a) for a in (None, "DSPARK", "EAGLE"))
     if plain != "admitted" or eagle != "rejected" or dspark.startswith("error"):
         return _by_version(RESOLVER, f"gate probe: no draft {plain}, EAGLE {eagle}, DSPARK {dspark}")
     if dspark == "admitted":
@@ -145,6 +262,7 @@ def admit_dspark(original: Callable, server_args, *args, **kwargs):
     needs none. The remaining gates (L3 storage, LMCache, HiSparse, non-MLA)
     still judge the launch: sglang's own gate runs on a view without the draft.
     """
+    _first_call()
     if (
         server_args.speculative_algorithm == "DSPARK"
         and server_args.dcp_size > 1
@@ -172,7 +290,8 @@ def registration_verdict(register_draft: Callable | None = None) -> Finding:
         return _by_version(DRAFT_REGISTRATION, "kv_cache_builder has no maybe_register_hicache_draft")
     probe = hostpool.Geometry(dcp_size=2, device_rows=64, page_size=16, target_layers=1, draft_layers=1)
     try:
-        pair = hostpool.build_pools(probe, register=register_draft)
+        with _probing():
+            pair = hostpool.build_pools(probe, register=register_draft)
     except Exception as exc:
         return _by_version(DRAFT_REGISTRATION, f"registration probe failed: {type(exc).__name__}: {exc}")
     if pair.draft_host_pool is None:
@@ -206,6 +325,7 @@ def size_draft_from_logical(original: Callable, *args, **kwargs):
     """AROUND hook for ``maybe_register_hicache_draft`` (keyword-only in 0.5.17)."""
     from . import guard
 
+    _first_call()
     tree_cache = kwargs.get("tree_cache")
     controller = getattr(tree_cache, "cache_controller", None)
     if controller is None or getattr(controller, "mem_pool_host", None) is None:
@@ -213,8 +333,29 @@ def size_draft_from_logical(original: Callable, *args, **kwargs):
     from . import budget
 
     result = original(*args, **{**kwargs, "tree_cache": logical_rows_view(tree_cache)})
-    guard.check_cache_controller(controller)
+    # Still short after the logical view: whatever ran under this hook did not
+    # size from primary.size (another plugin's REPLACE, a hand edit).
+    guard.check_cache_controller(controller, remedy=guard.Remedy.SHADOWED)
     budget.log_pinned(controller)
+    return result
+
+
+def check_draft_registration(original: Callable, *args, **kwargs):
+    """Check-only AROUND hook: sglang's own registration, unchanged, then the guard.
+
+    Installed where the probe could not judge a registration on a release that
+    needs the fix. The launcher may have admitted DSPARK already, so this
+    scheduler either finds a draft host pool that spans the logical slots or
+    stops at startup with the guard's one-line error.
+    """
+    from . import guard
+
+    _first_call()
+    result = original(*args, **kwargs)
+    for candidate in (*args, *kwargs.values()):
+        controller = getattr(candidate, "cache_controller", None)
+        if controller is not None and getattr(controller, "mem_pool_host", None) is not None:
+            guard.check_cache_controller(controller, remedy=guard.Remedy.SERIES_MISSING)
     return result
 
 
@@ -231,12 +372,11 @@ def budget_verdict(init_memory_pools: Callable | None = None) -> Finding:
     pools elsewhere (patches/upstream-next carries the budget for them).
     """
     from . import hostpool
-    from .compat import installed_sglang_version, parse_version
+    from .compat import installed_sglang_version
 
     version = installed_sglang_version()
-    parsed = parse_version(version)
-    if parsed is not None and parsed >= parse_version(FIXED_UPSTREAM_IN):
-        return Finding(INIT_MEMORY_POOLS, Verdict.OUT_OF_SCOPE, f"the budget hook is for sglang 0.5.17, found {version}")
+    if _version_at_least(version, FIXED_UPSTREAM_IN):
+        return Finding(INIT_MEMORY_POOLS, Verdict.OUT_OF_SCOPE, f"the budget hook is for sglang {WRITTEN_FOR}, found {version}")
     if init_memory_pools is None:
         from sglang.srt.managers.scheduler import Scheduler
 
@@ -244,9 +384,12 @@ def budget_verdict(init_memory_pools: Callable | None = None) -> Finding:
     if init_memory_pools is None:
         return Finding(INIT_MEMORY_POOLS, Verdict.UNRECOGNISED, "Scheduler has no init_memory_pools")
     probe = hostpool.Geometry(dcp_size=2, device_rows=64, page_size=16, target_layers=1, hicache_size_gb=1.0)
-    scheduler = hostpool.scheduler_stand_in(probe)
     try:
-        init_memory_pools(scheduler)
+        # The stand-in builds real device pools: a pool signature from another
+        # release fails here, and must fail into a verdict, not out of an import.
+        with _probing():
+            scheduler = hostpool.scheduler_stand_in(probe)
+            init_memory_pools(scheduler)
     except Exception as exc:
         return Finding(INIT_MEMORY_POOLS, Verdict.UNRECOGNISED, f"budget probe failed: {type(exc).__name__}: {exc}")
     if scheduler.server_args.hicache_size != probe.hicache_size_gb:
@@ -258,6 +401,7 @@ def count_draft_in_budget(original: Callable, scheduler, *args, **kwargs):
     """AROUND hook for ``Scheduler.init_memory_pools``: device pools first, then the host budget."""
     from . import budget
 
+    _first_call()
     result = original(scheduler, *args, **kwargs)
     budget.fit_hicache_size(scheduler)
     return result
@@ -268,29 +412,53 @@ def count_draft_in_budget(original: Callable, scheduler, *args, **kwargs):
 
 def _by_version(target: str, why: str) -> Finding:
     """Behaviour was inconclusive: a release that carries the fix upstream is fine, anything else is unknown."""
-    from .compat import installed_sglang_version, parse_version
+    from .compat import installed_sglang_version
 
     version = installed_sglang_version()
-    parsed = parse_version(version)
-    if parsed is not None and parsed >= parse_version(FIXED_UPSTREAM_IN):
+    if _version_at_least(version, FIXED_UPSTREAM_IN):
         return Finding(target, Verdict.FIXED, f"sglang {version} carries the fix upstream ({why})")
     return Finding(target, Verdict.UNRECOGNISED, f"sglang {version or 'of unknown version'}: {why}")
 
 
-def _decide(target: str, judge: Callable[[], Finding], hook: Callable) -> None:
+def _exists(target: str) -> bool:
+    import pkgutil
+
+    try:
+        pkgutil.resolve_name(target)
+    except Exception:
+        return False
+    return True
+
+
+def _judge(target: str, judge: Callable[[], Finding]) -> Finding:
+    try:
+        return judge()
+    except Exception as exc:  # a probe never breaks sglang's import
+        return _by_version(target, f"probe raised {type(exc).__name__}: {exc}")
+
+
+def _decide(target: str, judge: Callable[[], Finding], hook: Callable, check_only: Callable | None = None) -> None:
+    """Judge one target, register its hook if it needs one, and say so (see the decision log above)."""
     if target in findings:  # register() is re-entrant: decide and log once per process
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    finding = judge()
+    finding = _judge(target, judge)
     findings[target] = finding
     if finding.verdict is Verdict.NEEDS_FIX:
-        HookRegistry.register(target, hook, HookType.AROUND)
-        logger.info("%s: hooking %s: %s", PLUGIN_NAME, target, finding.detail)
+        HookRegistry.register(target, hook, HookType.AROUND, source=_source)
+        _say(logging.INFO, f"{PLUGIN_NAME}: hooked {target}: {finding.detail}")
     elif finding.verdict in (Verdict.FIXED, Verdict.OUT_OF_SCOPE):
-        logger.info("%s: leaving %s alone: %s", PLUGIN_NAME, target, finding.detail)
+        _say(logging.INFO, f"{PLUGIN_NAME}: left {target} alone ({finding.verdict.value}): {finding.detail}")
+    elif check_only is not None and _exists(target):
+        HookRegistry.register(target, check_only, HookType.AROUND, source=_source)
+        _say(
+            logging.WARNING,
+            f"{PLUGIN_NAME}: code not recognised, check-only hook on {target}: sglang's own sizing runs and "
+            f"startup stops if the draft host pool is short: {finding.detail}",
+        )
     else:
-        logger.warning("%s: not patching %s, code not recognised: %s", PLUGIN_NAME, target, finding.detail)
+        _say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {finding.detail}")
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -326,8 +494,7 @@ def _when_imported(name: str, callback: Callable[[bool], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, lambda: callback(True)))
 
 
-def _hook(target: str, judge: Callable[[], Finding], hook: Callable, late: bool) -> None:
-    _decide(target, judge, hook)
+def _apply_late(late: bool) -> None:
     if late:
         # load_plugins() applied hooks before this module was imported; apply
         # again (a no-op for targets already patched). Not done in the normal
@@ -337,8 +504,99 @@ def _hook(target: str, judge: Callable[[], Finding], hook: Callable, late: bool)
         HookRegistry.apply_hooks()
 
 
+def _hook(target: str, judge: Callable[[], Finding], hook: Callable, late: bool, check_only: Callable | None = None) -> None:
+    # Runs inside sglang's import of the target module: nothing may escape.
+    try:
+        _decide(target, judge, hook, check_only)
+        _apply_late(late)
+    except Exception as exc:
+        findings.setdefault(target, Finding(target, Verdict.UNRECOGNISED, f"{type(exc).__name__}: {exc}"))
+        _say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {type(exc).__name__}: {exc}")
+
+
+def _observe_logging(late: bool) -> None:
+    global _observer_installed
+    if _observer_installed:
+        return
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        if not _exists(CONFIGURE_LOGGER):
+            return  # the first hooked call writes the decisions instead
+        HookRegistry.register(CONFIGURE_LOGGER, logging_configured, HookType.AFTER, source=_source)
+        _observer_installed = True
+        _apply_late(late)
+    except Exception:
+        pass
+
+
 def register() -> None:
     """Entry point for sglang's ``load_plugins()``; safe to call more than once."""
+    global active, _source
+    state = switch.switch_state()
+    if not state.enabled:
+        if active is None:
+            # Registers nothing, not even the log observer, so the line goes out
+            # now: at WARNING, Python writes it to stderr before any logging setup.
+            loud.warning("%s: plugin off (%s); no sglang code is hooked", PLUGIN_NAME, state.reason)
+        active = False
+        return
+    active = True
+    if _source is None:
+        try:
+            from sglang.srt.plugins import hook_registry
+
+            _source = hook_registry._current_plugin_source.get()
+        except Exception:  # attribution only
+            pass
+    _when_imported(LOGGING_SETUP, _observe_logging)
     _when_imported(SERVER_ARGS, lambda late: _hook(RESOLVER, resolver_verdict, admit_dspark, late))
-    _when_imported(KV_CACHE_BUILDER, lambda late: _hook(DRAFT_REGISTRATION, registration_verdict, size_draft_from_logical, late))
+    _when_imported(
+        KV_CACHE_BUILDER,
+        lambda late: _hook(DRAFT_REGISTRATION, registration_verdict, size_draft_from_logical, late, _check_only_if_needed()),
+    )
     _when_imported(SCHEDULER, lambda late: _hook(INIT_MEMORY_POOLS, budget_verdict, count_draft_in_budget, late))
+
+
+def _check_only_if_needed() -> Callable | None:
+    """The check-only hook where sglang's registration may size from physical rows: releases before the fix."""
+    from .compat import installed_sglang_version
+
+    try:
+        fixed_upstream = _version_at_least(installed_sglang_version(), FIXED_UPSTREAM_IN)
+    except Exception:  # runs inside sglang's import; an unknown version is guarded
+        fixed_upstream = False
+    return None if fixed_upstream else check_draft_registration
+
+
+# ------------------------------------------------------------------ status
+
+
+def status_line(version: str | None, series_statuses=(), environ=None) -> str:
+    """One line for ``sglang-dcp-dspark status``: does the plugin fix this tree at run time, or only a series?
+
+    Judged from the version and the environment, without importing the tree:
+    the hooks were written for ``WRITTEN_FOR``; ``series_statuses`` (from
+    ``series.inspect``) say whether a series is in the tree or would apply.
+    """
+    import os
+
+    state = switch.plugin_state(os.environ if environ is None else environ)
+    label = f"{'plugin ' + PLUGIN_NAME:<22} {('enabled' if state.enabled else 'off'):<18}"
+    applied = [s.series.name for s in series_statuses if s.state.value == "applied"]
+    applicable = [s.series.name for s in series_statuses if s.state.value == "applicable"]
+    series_fix = (
+        f"`sglang-dcp-dspark apply --series {applicable[0]}`" if applicable else "no series here applies to this release"
+    )
+    if _version_at_least(version, FIXED_UPSTREAM_IN):
+        also = f"; series {applicable[0]} also applies: {series_fix}" if applicable else ""
+        return f"{label} sglang {version} carries the fix upstream; the plugin leaves it alone{also}"
+    if applied:
+        return f"{label} series {', '.join(applied)} applied; the plugin stands aside"
+    if not handles(version):
+        return f"{label} the plugin does not handle sglang {version or 'of unknown version'}; only a series would do: {series_fix}"
+    if not switch.entry_point_installed():
+        return f"{label} the dcp_dspark entry point is not installed (pip install sglang-dcp-dspark); only the series would do: {series_fix}"
+    if not state.enabled:
+        return f"{label} {state.reason}; only the series would do: {series_fix}, or turn the plugin on: {switch.TURN_ON}"
+    return f"{label} fixed at run time by the plugin (series not needed)"
