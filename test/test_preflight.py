@@ -1,41 +1,118 @@
-"""preflight: sglang's own argument resolution on an emulated node, the report, and its exit codes."""
+"""preflight: sglang's own argument resolution on an emulated node, the report, its input checks and its exit codes."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from sglang_dcp_dspark.__main__ import main
-from sglang_dcp_dspark.preflight import DEFAULT_MODEL
+from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.preflight import DEFAULT_MODEL, GIB, MAX_GPU_MEMORY_GIB, Node
 
 GATE = "HiCache with --dcp-size > 1"
+# The tiny config's device bytes per target row: 2 layers x (512 + 64) x 2 bytes,
+# plus dcp_size x 2 draft layers when the same config is the replicated draft.
+TARGET_ROW = 2 * 576 * 2
+DRAFT_ROW_AT_DCP8 = TARGET_ROW + 8 * 2 * 576 * 2
+# A generous bound on one preflight process: the sglang import alone is about
+# 1 GB. Sizing that built sglang's per-slot bookkeeping for real (about 10
+# bytes per logical slot) peaked at 3.4 GB at the largest --device-rows with a
+# draft, and over 10 GB without one.
+PEAK_RSS_LIMIT = 2 * GIB
 
 
-def launch(model, algorithm="DSPARK", *extra):
-    return ["--", "--model-path", str(model), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache",
-            "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(model), *extra]
+def launch(model=DEFAULT_MODEL, algorithm="DSPARK", *extra, draft=True):
+    spec = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(model)] if draft else []
+    return ["--", "--model-path", str(model), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", *spec, *extra]
 
 
-def test_default_run_from_the_command_line():
-    """No arguments: the embedded tiny MLA model at DCP8 + HiCache + DSPARK, in a fresh process."""
-    done = subprocess.run([sys.executable, "-m", "sglang_dcp_dspark", "preflight", "--device-rows", "1024"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = done.stdout
+def run_cli(*argv: str) -> tuple[int, str, str, int]:
+    """preflight in a fresh process: exit code, stdout, stderr, and that process's own peak RSS in bytes (wait4).
+
+    The plugin switches are unset, as in an operator's shell by default.
+    """
+    env = {name: value for name, value in os.environ.items() if name not in (WHITELIST_ENV, SWITCH_ENV)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "sglang_dcp_dspark", "preflight", *argv], stdout=out, stderr=err,
+                                 text=True, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return child.returncode, out.read(), err.read(), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+
+
+def assert_clean(err: str) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    # sglang's import-time UserWarnings (AWQ, GGUF, Triton on a machine without CUDA) are filtered around the import.
+    assert "UserWarning" not in err, err[-3000:]
+
+
+# ---------------------------------------------------------------- launches of every size, in fresh processes
+
+
+def test_plain_launch_without_a_draft_passes():
+    """DCP8 + HiCache, no draft, device rows estimated: sizing ~1e9 logical slots costs no per-slot memory."""
+    code, out, err, rss = run_cli(*launch(draft=False))
+    assert code == 0, err[-2000:]
+    assert_clean(err)
+    assert "stock sglang  passes" in out and "with plugin   passes" in out
+    assert "Host RAM (8 ranks per node, target):" in out
+    assert out.rstrip().splitlines()[-1] == "verdict: PASSES (exit 0): passes sglang's validation and will start"
+    assert 0 < rss < PEAK_RSS_LIMIT
+
+
+def test_default_launch_with_a_draft_passes():
+    """No arguments: the embedded tiny MLA model at DCP8 + HiCache + DSPARK with the estimated device rows."""
+    code, out, err, rss = run_cli()
+    assert code == 0, err[-2000:]
+    assert_clean(err)
     assert "launch PASSES" in out
     assert "stock sglang  rejected: NotImplementedError: " + GATE in out
     assert "with plugin   passes" in out
     assert "page size       1 physical, 8 logical" in out
     assert "draft, stock sizing" in out and "draft, with fix" in out
+    assert "(estimate: mem_fraction_static" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: PASSES (exit 0)")
+    assert 0 < rss < PEAK_RSS_LIMIT
+
+
+@pytest.mark.parametrize("draft,row_bytes", [(False, TARGET_ROW), (True, DRAFT_ROW_AT_DCP8)])
+def test_largest_device_rows_one_gpu_holds(draft, row_bytes):
+    """--device-rows at what 141 GiB holds for the geometry (6.6e7 rows without the draft): exit 3, not a crash.
+
+    The old sizing built sglang's per-slot bookkeeping for real here, over 10 GB
+    without the draft; the bound on the child's peak RSS is what fails then.
+    """
+    rows = int(Node.gpu_memory_gib * GIB // row_bytes)
+    code, out, err, rss = run_cli("--json", "--device-rows", str(rows), *launch(draft=draft))
+    assert_clean(err)
+    report = json.loads(out)
+    assert report["sizing"]["device_rows_max"] == rows
+    assert report["sizing"]["geometry"]["device_rows"] == rows
+    # A host pool twice that size per rank does not fit a 2 TiB node: it will stop at startup.
+    assert code == 3 == report["verdict"]["code"], err[-2000:]
+    assert not report["sizing"]["host_ram"]["fits"]
+    assert 0 < rss < PEAK_RSS_LIMIT
+
+
+# ---------------------------------------------------------------- the report
 
 
 def test_json_report_geometry(capsys):
     assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and not report["stock"]["passed"] and GATE in report["stock"]["message"]
+    assert report["verdict"] == {"code": 0, "outcome": "PASSES",
+                                 "line": "verdict: PASSES (exit 0): passes sglang's validation and will start"}
     g = report["sizing"]["geometry"]
     assert g["dcp_size"] == 8 and g["device_rows"] == 1024
     assert g["target"]["logical_slots"] == 8 * g["target"]["rows"]
@@ -63,45 +140,240 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
         assert ram["target_share"] < ram["target_share_without_dcp"]
 
 
-def test_host_ram_too_small_for_the_plugins_startup_check(capsys):
-    """The same numbers the plugin's start-up check uses: device rows x (t + dcp d) against the rank's RAM share."""
-    assert main(["preflight", "--json", "--device-rows", "400000", "--host-ram-gib", "12"]) == 0
-    ram = json.loads(capsys.readouterr().out)["sizing"]["host_ram"]
-    assert not ram["starts"] and ram["smallest_per_rank"] > ram["share_per_rank"]
-    assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 0
-    assert "startup         STOPS with the plugin" in capsys.readouterr().out
-    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == 0
-    assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["starts"]
-
-
 def test_device_rows_estimate_is_labelled(capsys):
     assert main(["preflight", "--json"]) == 0
-    assert "estimate" in json.loads(capsys.readouterr().out)["sizing"]["device_rows_note"]
+    sizing = json.loads(capsys.readouterr().out)["sizing"]
+    assert "estimate" in sizing["device_rows_note"] and sizing["device_rows_estimated"]
+
+
+def test_no_hicache_no_host_pools(capsys):
+    """Without --enable-hierarchical-cache there is nothing to pin, so nothing to fit."""
+    argv = ["preflight", "--json", "--host-ram-gib", "12", "--", "--model-path", str(DEFAULT_MODEL), "--tp", "8"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "HiCache is off" in report["sizing"]["skipped"] and report["verdict"]["code"] == 0
+
+
+def test_host_ram_default_is_the_emulated_node(capsys):
+    """The node's RAM defaults to the emulated DGX H200's 2 TiB, not to whatever machine runs preflight."""
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == 0
+    ram = json.loads(capsys.readouterr().out)["sizing"]["host_ram"]
+    assert ram["available"] == 2048 * GIB and ram["available_from"] == "the emulated node's default"
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["available_from"] == "--host-ram-gib"
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "local"]) in (0, 3)
+    assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["available_from"] == "this machine, available now"
+
+
+# ---------------------------------------------------------------- exit codes: the verdict on the launch as it will run
+
+
+def test_plugins_startup_check_stops_it_exit_3(capsys):
+    """The same numbers the plugin's start-up check uses: device rows x (t + dcp d) against the rank's RAM share."""
+    assert main(["preflight", "--json", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    ram = report["sizing"]["host_ram"]
+    assert not ram["starts"] and ram["smallest_per_rank"] > ram["share_per_rank"]
+    assert report["passed"] and report["verdict"]["code"] == 3 and report["verdict"]["outcome"] == "STOPS AT STARTUP"
+    assert any("the plugin's start-up check" in reason for reason in report["startup_stops"])
+    assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
+    out = capsys.readouterr().out
+    assert "startup         STOPS with the plugin" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: STOPS AT STARTUP (exit 3): passes sglang's validation but stops at startup: ")
+
+
+def test_stop_on_estimated_rows_says_so(capsys):
+    """A stop judged on the upper-bound estimate of device rows asks for the real figure."""
+    assert main(["preflight", "--host-ram-gib", "64"]) == 3
+    verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert verdict.startswith("verdict: STOPS AT STARTUP (exit 3)")
+    assert verdict.endswith("device rows are an upper-bound estimate, pass --device-rows for a firm verdict")
+
+
+def test_hicache_size_that_does_not_fit_exits_3(capsys):
+    argv = ["preflight", "--device-rows", "1024", "--host-ram-gib", "64", *launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "100")]
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: STOPS AT STARTUP (exit 3)")
+    assert "sglang's host-memory check refuses them" in out.rstrip().splitlines()[-1]
+
+
+def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
+    """A draft registration that leaves the draft short of the logical slots (e.g. shadowed by another plugin) stops at startup."""
+    from sglang_dcp_dspark import plugin
+
+    monkeypatch.setattr(plugin, "size_draft_from_logical", lambda original, *args, **kwargs: original(*args, **kwargs))
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["sizing"]["draft_coverage"] < 1
+    assert "draft host pool covers 0.125" in report["verdict"]["line"]
 
 
 def test_eagle_is_rejected_with_sglangs_message(capsys):
     assert main(["preflight", *launch(DEFAULT_MODEL, "EAGLE")]) == 1
     out = capsys.readouterr().out
     assert "launch REJECTED" in out and GATE in out
-
-
-def test_plugin_switched_off_reports_the_stock_result(capsys, monkeypatch):
-    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
-    assert main(["preflight", "--device-rows", "1024"]) == 1
-    assert "plugin off" in capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1): sglang rejects the launch: NotImplementedError: " + GATE)
 
 
 @pytest.mark.parametrize(
-    "argv,reason",
+    "env,reason",
     [
-        (["--", "--model-path", "/nonexistent-model-dir"], "has no config.json"),
-        (launch(DEFAULT_MODEL, "DSPARK", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
-        (launch(DEFAULT_MODEL, "DSPARK", "--hicache-ratio", "-1"), "nonsense sizes"),
-        (["--gpus", "0"], "nonsense sizes"),
-        (["--device-rows", "0"], "nonsense sizes"),
+        ({"SGLANG_PLUGINS": "some_other_plugin"}, "sglang skips it: SGLANG_PLUGINS=some_other_plugin does not name dcp_dspark"),
+        # sglang's load_plugins reads "," as a whitelist that names no plugin.
+        ({"SGLANG_PLUGINS": ","}, "sglang skips it: SGLANG_PLUGINS=, does not name dcp_dspark"),
+        ({"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}, "switched off: SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0"),
     ],
 )
+def test_plugin_off_reports_the_stock_result(capsys, monkeypatch, env, reason):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["preflight", "--device-rows", "1024"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("(as run with the dcp_dspark plugin off)")
+    assert out.splitlines()[1] == f"  plugin        {reason}"
+    assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1)")
+
+
+def test_empty_sglang_plugins_keeps_the_plugin_on(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "")
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == 0
+    plugin = json.loads(capsys.readouterr().out)["plugin"]
+    assert plugin["enabled"] and "SGLANG_PLUGINS is empty (no whitelist)" in plugin["reason"]
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one line, and JSON with --json
+
+
+def _config(tmp_path, name, edit):
+    model = tmp_path / name
+    model.mkdir()
+    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(edit(config)))
+    return model
+
+
+def _without(key):
+    return lambda config: {k: v for k, v in config.items() if k != key}
+
+
+BAD_INPUT = [
+    (["--", "--model-path", "/nonexistent-model-dir"], "has no config.json"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-ratio", "-1"), "--hicache-ratio -1.0 (expected a finite number above 0"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-ratio", "nan"), "--hicache-ratio nan (expected a finite number"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "1000000000"), "--hicache-size 1000000000 (expected 0 to"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--page-size", "0"), "--page-size 0 (expected 1 to"),
+    (launch(DEFAULT_MODEL, "DSPARK", "--mem-fraction-static", "nan"), "--mem-fraction-static nan"),
+    (["--gpus", "0"], "--gpus 0 (expected 1 to 64)"),
+    (["--gpus", "eight"], "--gpus 'eight' is not an integer"),
+    (["--gpu-memory-gib", "nan"], "--gpu-memory-gib nan (expected a finite number above 0"),
+    (["--gpu-memory-gib", str(MAX_GPU_MEMORY_GIB * 2)], "--gpu-memory-gib 2048.0 (expected a finite number above 0, at most 1024"),
+    (["--host-ram-gib", "inf"], "--host-ram-gib inf (expected a finite number above 0"),
+    (["--host-ram-gib", "-100"], "--host-ram-gib -100.0 (expected a finite number above 0"),
+    (["--device-rows", "0"], "--device-rows 0 (expected >= 1)"),
+    (["--device-rows", "10000000000"], "--device-rows 10,000,000,000 needs"),
+    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
+     "--dcp-size 1000000 does not divide --tp 8"),
+    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "3", "--dcp-size", "2", "--enable-hierarchical-cache"],
+     "--dcp-size 2 does not divide --tp 3; sglang builds its DCP groups from slices of dcp_size ranks of each TP group, so expected one of [1, 3]; fix: pass --dcp-size 1"),
+    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "16", "--dcp-size", "8", "--enable-hierarchical-cache"],
+     "puts 16 ranks on a node, but the emulated node has --gpus 8; expected at most one rank per GPU; fix: pass --nnodes 2 after `--`, or --gpus 16"),
+    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "1000000", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
+     "puts 1000000 ranks on a node"),
+]
+
+
+@pytest.mark.parametrize("argv,reason", BAD_INPUT, ids=[" ".join(a[-4:]) for a, _ in BAD_INPUT])
 def test_bad_input_exits_2_with_one_line(capsys, argv, reason):
     assert main(["preflight", *argv]) == 2
+    captured = capsys.readouterr()
+    assert reason in captured.err and captured.err.count("\n") == 1 and "fix:" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "name,edit,reason",
+    [
+        ("no-rope", _without("qk_rope_head_dim"), "is an MLA config with qk_rope_head_dim='missing'"),
+        ("zero-rank", lambda c: {**c, "kv_lora_rank": 0}, "is an MLA config with kv_lora_rank=0"),
+        ("layers-text", lambda c: {**c, "num_hidden_layers": "2"}, "num_hidden_layers='2'"),
+        ("a-list", lambda c: [c], "holds a JSON list, not an object"),
+        ("no-mla", lambda c: _without("qk_rope_head_dim")(_without("kv_lora_rank")(c)), "the target config.json has no kv_lora_rank or qk_rope_head_dim"),
+    ],
+)
+def test_bad_config_exits_2(capsys, tmp_path, name, edit, reason):
+    model = _config(tmp_path, name, edit)
+    argv = ["preflight", "--device-rows", "1024", "--", "--model-path", str(model), "--tp", "8", "--dcp-size", "8",
+            "--enable-hierarchical-cache"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert reason in err and err.count("\n") == 1 and "fix:" in err
+
+
+def test_not_json_config_exits_2(capsys, tmp_path):
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe not json")
+    assert main(["preflight", "--", "--model-path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not readable JSON" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--gpu-memory-gib", "nan"], ["--device-rows", "10000000000"],
+                                  ["--", "--model-path", "/nonexistent-model-dir"]])
+def test_json_reports_bad_input_on_stdout(capsys, argv):
+    assert main(["preflight", "--json", *argv]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["verdict"]["code"] == 2 and report["verdict"]["outcome"] == "BAD INPUT"
+    assert report["error"] in captured.err and report["verdict"]["line"].startswith("verdict: BAD INPUT (exit 2): ")
+
+
+# ---------------------------------------------------------------- sample output quoted in the docs
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = (REPO / "README.md", REPO / "docs" / "operator-guide.md")
+# <!-- preflight:begin (COMMAND) --> then a fenced block with COMMAND's output, then <!-- preflight:end -->
+SAMPLE = re.compile(r"(<!-- preflight:begin \((?P<command>sglang-dcp-dspark preflight[^)]*)\) -->\n)(?P<block>.*?)(<!-- preflight:end -->)", re.S)
+
+
+def sample_output(command: str) -> str:
+    """What COMMAND prints now, with the plugin switches as an operator's shell has them by default (unset)."""
+    import contextlib
+    import io
+
+    saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            main(shlex.split(command)[1:])
+    finally:
+        os.environ.update(saved)
+    return "```\n" + out.getvalue() + "```\n"
+
+
+def regenerate(text: str) -> str:
+    return SAMPLE.sub(lambda m: m.group(1) + sample_output(m.group("command")) + m.group(4), text)
+
+
+def test_doc_samples_are_fresh():
+    samples = 0
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for m in SAMPLE.finditer(text):
+            samples += 1
+            fresh = sample_output(m.group("command"))
+            assert m.group("block") == fresh, (
+                f"{doc.name}: the sample output of `{m.group('command')}` is stale; fix: python test/test_preflight.py --write-docs")
+    assert samples >= 1
+
+
+if __name__ == "__main__":
+    # python test/test_preflight.py --write-docs: rewrite every marked sample block from its command.
+    if sys.argv[1:] != ["--write-docs"]:
+        sys.exit("usage: python test/test_preflight.py --write-docs")
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        if SAMPLE.search(text):
+            doc.write_text(regenerate(text), encoding="utf-8")
+            print(f"rewrote the preflight samples in {doc.relative_to(REPO)}")

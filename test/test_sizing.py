@@ -6,6 +6,9 @@ import functools
 import inspect
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from sglang_dcp_dspark import hostpool, plugin, sizing
 
@@ -21,23 +24,26 @@ def registrations():
     return stock, functools.partial(plugin.size_draft_from_logical, stock)
 
 
-@pytest.mark.parametrize("dcp", [1, 2, 8])
-def test_matches_pools_built_for_real(registrations, dcp):
-    """The same geometry built with real CPU buffers (hostpool) gives the same rows and bytes."""
+@pytest.mark.parametrize("dcp,page,layout", [(1, 64, "layer_first"), (2, 64, "layer_first"), (8, 64, "layer_first"),
+                                              (8, 1, "layer_first"), (8, 64, "page_first")])
+def test_matches_pools_built_for_real(registrations, dcp, page, layout):
+    """The same geometry built with real CPU buffers and bookkeeping (hostpool) gives the same rows, slots and bytes.
+
+    Page 1 is what sglang 0.5.17 resolves for the embedded launch; page_first is another buffer shape.
+    """
     stock, fixed = registrations
-    g = hostpool.Geometry(dcp)
+    g = hostpool.Geometry(dcp, layout, page_size=page)
     measured = sizing.measure(
         sizing.MLAKV(g.target_layers, g.kv_lora_rank, g.qk_rope_head_dim),
         sizing.MLAKV(g.draft_layers, g.kv_lora_rank, g.qk_rope_head_dim),
-        dcp_size=dcp, device_rows=g.device_rows, page_size=g.page_size, hicache_ratio=g.host_ratio,
+        dcp_size=dcp, device_rows=g.device_rows, page_size=g.page_size, hicache_ratio=g.host_ratio, layout=layout,
         register_stock=stock, register_fixed=fixed,
     )
     for register, draft in ((stock, measured.draft_stock), (fixed, measured.draft_fixed)):
         real = hostpool.build_pools(g, register=register)
-        assert measured.target.rows == real.target_host_pool.size
-        assert measured.target.bytes == real.target_host_pool.kv_buffer.nbytes
-        assert draft.rows == real.draft_host_pool.size
-        assert draft.bytes == real.draft_host_pool.kv_buffer.nbytes
+        assert measured.target == sizing.HostPoolSize.of(real.target_host_pool)
+        assert measured.target.logical_slots == real.target_host_pool.logical_size == len(real.target_host_pool.free_slots)
+        assert draft == sizing.HostPoolSize.of(real.draft_host_pool)
 
 
 def test_full_scale_costs_no_memory_and_shows_the_defect(registrations):
@@ -58,3 +64,36 @@ def test_hicache_size_sets_target_rows(registrations):
     page_bytes = m.target.bytes_per_token * m.target.page_size
     assert 1e9 <= m.target.bytes <= 1e9 + page_bytes
     assert m.draft_stock is None and m.draft_fixed is None
+
+
+class _RealTensors(TorchDispatchMode):
+    """Counts the bytes of every tensor an aten op returns that is not on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.bytes += t.nbytes
+                self.largest = max(self.largest, t.nbytes)
+        return out
+
+
+def test_sizing_builds_no_per_slot_tensor(registrations):
+    """sglang's host pools build their bookkeeping (free-slot list, slot states) per logical slot: on meta here.
+
+    At 100k device rows and dcp 8 the target alone addresses 1.6M logical slots,
+    so a real free-slot list is 12.8 MB; the whole measurement may build a few
+    real scalars, nothing that grows with the launch.
+    """
+    stock, fixed = registrations
+    with _RealTensors() as real:
+        m = sizing.measure(TARGET, DRAFT, dcp_size=8, device_rows=100_000, page_size=1, hicache_ratio=2.0,
+                           register_stock=stock, register_fixed=fixed)
+    assert m.target.logical_slots > 1_000_000
+    assert real.largest < 1024, f"{real.largest} bytes in one real tensor: per-slot bookkeeping was materialised"
+    assert real.bytes < 64 * 1024

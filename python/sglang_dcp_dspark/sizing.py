@@ -80,13 +80,52 @@ class HiCacheSizing:
         return out
 
 
+# Tensor constructors that sglang's pool classes call. Under _OnMeta they all
+# build meta tensors, whatever device sglang names.
+_CONSTRUCTORS = ("empty", "zeros", "ones", "full", "arange", "tensor", "empty_strided", "empty_like", "zeros_like",
+                 "ones_like", "full_like")
+
+
+def _on_meta_mode():
+    """A torch function mode that puts every tensor built under it on the meta device.
+
+    sglang's host pools size their bookkeeping by the slots they address:
+    ``HostKVCache.clear()`` builds the free-slot list (``arange(logical_size)``),
+    ``mem_state`` and ``slot_used`` for real on the CPU, about 10 bytes per
+    logical slot, i.e. gigabytes for a full-size DCP launch. None of those
+    tensors' values feeds a size (rows, ``logical_size``, ``size_per_token``
+    are plain ints, the buffer's bytes are its shape), so building them on
+    meta leaves every figure exactly as sglang computes it. A mode rather than
+    a replacement ``clear()`` so that whatever per-slot tensor the installed
+    sglang's constructors build, in ``clear()`` or elsewhere, follows without
+    a copy of sglang's code here; ``test_sizing`` checks that no real tensor
+    bigger than a few bytes is built and that the figures match real CPU pools.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    constructors = {getattr(torch, name) for name in _CONSTRUCTORS}
+
+    class _OnMeta(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func in constructors:
+                kwargs["device"] = "meta"
+                kwargs.pop("pin_memory", None)
+            return func(*args, **kwargs)
+
+    return _OnMeta()
+
+
 @contextlib.contextmanager
 def _unallocated_host_buffers() -> Iterator[None]:
-    """Host pools get meta tensors: full-size geometry, no memory, no pinning, no free-RAM check.
+    """Host pools at full geometry that allocate nothing: no memory, no pinning, no free-RAM check.
 
-    sglang checks free RAM against the pool inside the constructor; preflight
-    sets the bytes against the target node's RAM itself, so that check is
-    answered with "plenty" here.
+    The KV buffers come from sglang's mmap allocator, which no torch mode sees,
+    so it is answered with a meta tensor directly; every other tensor the pools
+    build goes to meta through :func:`_on_meta_mode`. sglang checks free RAM
+    against the pool inside the constructor; preflight sets the bytes against
+    the target node's RAM itself, so that check is answered with "plenty" here.
     """
     import torch
     from sglang.srt.mem_cache.pool_host import base, common
@@ -94,7 +133,7 @@ def _unallocated_host_buffers() -> Iterator[None]:
     plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=1 << 62))
     with mock.patch.object(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")), \
             mock.patch.object(common, "_cuda_host_register", lambda buffer: None), \
-            mock.patch.object(base, "psutil", plenty):
+            mock.patch.object(base, "psutil", plenty), _on_meta_mode():
         yield
 
 
