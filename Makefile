@@ -10,7 +10,7 @@ PATCHED := $(TREES)/sglang-$(SGLANG_BASE)-patched
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees next-trees demo test bench clean
+.PHONY: setup trees upstream-trees next-trees demo test bench gpu-check gpu-bundle clean
 
 setup: $(STAMP)
 
@@ -83,11 +83,15 @@ demo: setup
 	$(CLI) preflight
 
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
-# is its --markdown output), then the plugin's import cost with 3 pairs of fresh
-# processes (about 10 s each) rather than the script's default 5.
-bench: setup
+# is its --markdown output); the plugin's import cost with 3 pairs of fresh
+# processes rather than the script's default 5; preflight's peak RSS at 1x,
+# 10x and 100x the device rows against a bare sglang import; and the HiCache
+# bytes moved per token, counted in a data-path run on the patched tree.
+bench: setup trees
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py --repeats 3
+	$(BIN)/python bench/preflight_cost.py
+	PYTHONPATH=$(PATCHED) $(BIN)/python bench/hicache_traffic.py
 
 # pytest runs once per sglang tree, with PYTHONPATH on that tree and
 # DCP_DSPARK_TREE naming it. Tests marked `regression` describe the fix: on a
@@ -101,16 +105,36 @@ bench: setup
 #   exactly its fix tests on the parent and pass elsewhere.
 # - test/upstream_next: stock 0.5.23 (budget and guard tests are strict xfails)
 #   and the copy with patches/upstream-next applied.
+# - test/datapath, in every run above: KV bytes through that tree's real HiCache
+#   (docs/hicache-datapath.md has the matrix per tree).
 test: setup trees upstream-trees next-trees
 	$(PYTEST) test
-	DCP_DSPARK_TREE=patched PYTHONPATH=$(PATCHED) $(PYTEST) test/regression
-	DCP_DSPARK_TREE=plugin $(PYTEST) test/regression
-	DCP_DSPARK_TREE=upstream-base PYTHONPATH=$(UPSTREAM_BASE) $(PYTEST) test/upstream_pr
-	DCP_DSPARK_TREE=upstream-base-patched PYTHONPATH=$(UPSTREAM_PATCHED) $(PYTEST) test/upstream_pr
-	DCP_DSPARK_TREE=upstream-0.5.18 PYTHONPATH=$(UPSTREAM_STOCK) $(PYTEST) test/upstream_pr
+	DCP_DSPARK_TREE=patched PYTHONPATH=$(PATCHED) $(PYTEST) test/regression test/datapath
+	DCP_DSPARK_TREE=plugin $(PYTEST) test/regression test/datapath
+	DCP_DSPARK_TREE=upstream-base PYTHONPATH=$(UPSTREAM_BASE) $(PYTEST) test/upstream_pr test/datapath
+	DCP_DSPARK_TREE=upstream-base-patched PYTHONPATH=$(UPSTREAM_PATCHED) $(PYTEST) test/upstream_pr test/datapath
+	DCP_DSPARK_TREE=upstream-0.5.18 PYTHONPATH=$(UPSTREAM_STOCK) $(PYTEST) test/upstream_pr test/datapath
 	$(CLI) status --target $(NEXT_STOCK)
-	DCP_DSPARK_TREE=next-stock PYTHONPATH=$(NEXT_STOCK) $(PYTEST) test/upstream_next
-	DCP_DSPARK_TREE=next-patched PYTHONPATH=$(NEXT_PATCHED) $(PYTEST) test/upstream_next
+	DCP_DSPARK_TREE=next-stock PYTHONPATH=$(NEXT_STOCK) $(PYTEST) test/upstream_next test/datapath
+	DCP_DSPARK_TREE=next-patched PYTHONPATH=$(NEXT_PATCHED) $(PYTEST) test/upstream_next test/datapath
+
+# On a machine with one CUDA GPU (never in CI): round trip and stress at dcp 8
+# with device pools on cuda, pinned host pools and real streams. A GPU machine
+# without sglang or a network gets build/gpu from `make gpu-bundle` (wheels
+# for Python 3.12 and the series' files) and runs test/datapath/gpu_run.sh.
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) test/datapath/gpu_check.py
+
+GPU_BUNDLE := build/gpu
+GPU_PLATFORMS := $(foreach n,2_28 2_27 2_26 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
+gpu-bundle: trees
+	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)/whl $(GPU_BUNDLE)/overlay
+	$(BIN)/python -m pip download -q --no-deps -d $(GPU_BUNDLE)/whl sglang==$(SGLANG_BASE)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) -d $(GPU_BUNDLE)/whl -r requirements/gpu-bundle.txt
+	cd $(PATCHED) && cp --parents $$($(CURDIR)/$(BIN)/python -c "from sglang_dcp_dspark import series; \
+		print(' '.join(f.removeprefix('python/') for f in series.load_series('sglang-$(SGLANG_BASE)').files))") \
+		$(CURDIR)/$(GPU_BUNDLE)/overlay/
 
 clean:
 	rm -rf build $(VENV)

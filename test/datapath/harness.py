@@ -1,0 +1,586 @@
+"""sglang's real HiCache data path, driven in-process for one simulated DCP rank.
+
+What is sglang's own: ``HiRadixCache`` (which builds the target's
+``MLATokenToKVPoolHost`` and its ``HiCacheController``), the DCP-striped
+target ``MLATokenToKVPool``, the ``PagedTokenToKVPoolAllocator`` over logical
+locs with the widened page, the draft device pool (MLA or MHA, replicated,
+indexed by logical locs) and the draft registration of the imported tree, with
+the draft host pool it builds. On the sidecar path (``Case.draft_path ==
+"sidecar"``: 0.5.18 and the PR parent under ``SGLANG_ENABLE_UNIFIED_RADIX_TREE``,
+and every HiCache launch of 0.5.23) the cache is instead the tree's
+``UnifiedRadixCache``, built by sglang's own registry factory, with its
+``HybridCacheController`` over a ``HostPoolGroup``; the registration then puts
+the draft in that group as a sidecar (``hybrid_pool_assembler.build_full_draft_pools``).
+
+What stands in for a scheduler: a 1-rank gloo process group, sglang's own
+``get_parallel().override(...)`` for the DCP rank, ``server_args`` as a
+namespace of the fields these objects read, and on the sidecar path the
+registry's build context (a namespace: the model flags, and a ``tp_worker``
+whose only duty here, registering the layer counter with a model runner, has no
+model runner to go to) and a request stand-in for ``init_load_back`` (the
+fields it reads). The only substitutions are in :mod:`substitutions`.
+
+Where releases moved an API, the difference is handled here, in
+:func:`_registration_kwargs`, :func:`_runtime_overrides`, :func:`_unified_cache`
+and the small adapters of :class:`HiCacheRun`, so the scenarios and the tests
+read the same on every tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import traceback
+from array import array
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Iterator
+
+import torch
+
+from .matrix import DRAFT_KINDS, LAYOUT_IO_PAIRS  # noqa: F401 - re-exported for callers
+from .substitutions import ReferenceOps, RowOutOfBounds, substituted
+
+TARGET, DRAFT = "target", "draft"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One simulated rank's HiCache geometry. Small by default: a case builds and runs in tens of ms."""
+
+    dcp_size: int = 2
+    dcp_rank: int = 0
+    layout: str = "layer_first"
+    io_backend: str = "direct"
+    draft: str = "mla"  # replicated draft device pool: "mla" (MLATokenToKVPool) or "mha" (MHATokenToKVPool)
+    # "default": 0.5.17's one path; "legacy": 0.5.18 / the PR parent's HiRadixCache path;
+    # "sidecar": UnifiedRadixCache + HostPoolGroup (0.5.18, the PR parent, 0.5.23)
+    draft_path: str = "default"
+    page_size: int = 4  # physical page per rank; the allocator's and the tree's page is page_size * dcp_size
+    device_pages: int = 8  # target device pages per rank
+    host_ratio: float = 2.0  # --hicache-ratio
+    target_layers: int = 2
+    draft_layers: int = 1
+    kv_lora_rank: int = 24
+    qk_rope_head_dim: int = 8
+    mha_heads: int = 2
+    mha_head_dim: int = 8
+    device: str = "cpu"
+
+    @property
+    def logical_page(self) -> int:
+        return self.page_size * self.dcp_size
+
+    @property
+    def device_rows(self) -> int:
+        return self.page_size * self.device_pages
+
+    def label(self) -> str:
+        path = "" if self.draft_path == "default" else f" {self.draft_path}"
+        return (
+            f"dcp{self.dcp_size} rank{self.dcp_rank} {self.layout}/{self.io_backend} "
+            f"{self.draft} draft{path}"
+        )
+
+
+class DraftHostOverflow(AssertionError):
+    """The draft's host buffer was written or read past its end: the defect this project fixes."""
+
+
+@contextlib.contextmanager
+def overflow_as_assertion() -> Iterator[None]:
+    """Turn the reference ops' out-of-bounds error on the draft host pool into DraftHostOverflow.
+
+    Any other out-of-bounds error (the target, a device pool) stays an
+    IndexError, so a strict xfail that expects DraftHostOverflow does not
+    accept it.
+    """
+    try:
+        yield
+    except RowOutOfBounds as exc:
+        if exc.pool != f"{DRAFT}/host":
+            raise
+        # The sglang frames that led to the copy name the path (start_writing -> the draft
+        # host pool's backup); the chained traceback itself is dropped, since pytest
+        # formatting ~40 sglang frames per expected failure costs half a second each.
+        path = " -> ".join(
+            f"{Path(f.filename).stem}.{f.name}" for f in traceback.extract_tb(exc.__traceback__)
+            if f"{os.sep}sglang{os.sep}srt{os.sep}" in f.filename
+        )
+        raise DraftHostOverflow(f"draft host pool overflow: {exc} (via {path})") from None
+
+
+# ---------------------------------------------------------------- tree adapters
+
+
+def sglang_version() -> str:
+    import sglang
+
+    return getattr(sglang, "__version__", "?")
+
+
+def _server_args(case: Case) -> SimpleNamespace:
+    # The fields HiRadixCache, its controller and the draft registration read.
+    return SimpleNamespace(
+        hicache_ratio=case.host_ratio,
+        hicache_size=0,
+        hicache_mem_layout=case.layout,
+        hicache_io_backend=case.io_backend,
+        hicache_write_policy="write_through",
+        hicache_storage_backend=None,
+        hicache_storage_backend_extra_config=None,
+        hicache_storage_prefetch_policy="best_effort",
+        served_model_name="datapath-harness",
+        extra_metric_labels=None,
+        enable_multi_layer_eagle=False,
+        enable_hierarchical_cache=True,
+        dcp_size=case.dcp_size,
+        tp_size=case.dcp_size,
+        pp_size=1,
+        nnodes=1,
+    )
+
+
+@contextlib.contextmanager
+def _runtime_overrides(case: Case, server_args) -> Iterator[None]:
+    """This process as one DCP rank, through sglang's own runtime context."""
+    from sglang.srt import runtime_context
+
+    with contextlib.ExitStack() as stack:
+        get_context = getattr(runtime_context, "get_context", None)
+        if get_context is not None and hasattr(get_context(), "override_server_args"):
+            # 0.5.18+ read the HiCache sizing fields from the published config bags.
+            stack.enter_context(get_context().override_server_args(
+                hicache_ratio=case.host_ratio, hicache_size=0, hicache_mem_layout=case.layout,
+                hicache_io_backend=case.io_backend, hicache_write_policy="write_through",
+                hicache_storage_backend=None, dcp_size=case.dcp_size, tp_size=case.dcp_size,
+            ))
+        stack.enter_context(runtime_context.get_parallel().override(
+            dcp_enabled=case.dcp_size > 1, dcp_size=case.dcp_size, dcp_rank=case.dcp_rank,
+            attn_dcp_size=case.dcp_size, attn_dcp_rank=case.dcp_rank,
+        ))
+        yield
+
+
+def _process_group():
+    """A 1-rank gloo group: HiRadixCache all-reduces its ready counts over it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def _mla_pool(case: Case, rows: int, page: int, layers: int):
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    return MLATokenToKVPool(
+        size=rows, page_size=page, dtype=torch.bfloat16, kv_lora_rank=case.kv_lora_rank,
+        qk_rope_head_dim=case.qk_rope_head_dim, layer_num=layers, device=case.device,
+        enable_memory_saver=False,
+    )
+
+
+def _draft_device_pool(case: Case):
+    # Replicated: every rank holds the draft KV of every logical loc, with the widened page.
+    rows, page = case.device_rows * case.dcp_size, case.logical_page
+    if case.draft == "mla":
+        return _mla_pool(case, rows, page, case.draft_layers)
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return MHATokenToKVPool(
+        size=rows, page_size=page, dtype=torch.bfloat16, head_num=case.mha_heads, head_dim=case.mha_head_dim,
+        layer_num=case.draft_layers, device=case.device, enable_memory_saver=False,
+    )
+
+
+def _registration_kwargs(register: Callable, tree_cache, draft_pool, server_args, case: Case) -> dict:
+    """Keyword arguments for the tree's ``maybe_register_hicache_draft``, whichever release it is."""
+    params = inspect.signature(register).parameters
+    if "draft_plan" in params:  # PR #35221's parent, 0.5.18 (with server_args, page_size); 0.5.23 (without)
+        from sglang.srt.speculative.base_spec_worker import HiCacheDraftMode, HiCacheDraftPlan
+
+        kwargs = dict(
+            tree_cache=tree_cache, draft_plan=HiCacheDraftPlan(mode=HiCacheDraftMode.SIDECAR, device_pools=(draft_pool,)),
+            server_args=server_args, page_size=case.logical_page,
+        )
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return kwargs
+        return {k: v for k, v in kwargs.items() if k in params}
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    runner = SimpleNamespace(token_to_kv_pool=draft_pool)
+    return dict(  # 0.5.17
+        tree_cache=tree_cache,
+        draft_worker=SimpleNamespace(draft_worker=SimpleNamespace(draft_runner=runner)),
+        spec_algorithm=SpeculativeAlgorithm.DSPARK, server_args=server_args,
+        enable_hierarchical_cache=True, page_size=case.logical_page,
+    )
+
+
+def _unified_cache(case: Case, server_args, params, draft_pool):
+    """The tree's UnifiedRadixCache with HiCache attached, through sglang's own registry factory."""
+    from sglang.srt.mem_cache import registry
+
+    if hasattr(params, "sidecar_draft_device_pools"):  # 0.5.23: build_kv_cache hands the sidecar pools over
+        params.sidecar_draft_device_pools = (draft_pool,)
+    ctx = SimpleNamespace(  # registry.TreeCacheBuildContext's fields, for a plain MLA model with HiCache
+        server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False, is_dsa=False,
+        full_tokens_per_layer=None, enable_hierarchical_cache=True, disable_radix_cache=False,
+        effective_chunked_prefill_size=None, model_config=None, tp_size=case.dcp_size, tp_rank=case.dcp_rank,
+        tp_group=None, tp_worker=SimpleNamespace(register_hicache_layer_transfer_counter=lambda counter: None),
+    )
+    create = getattr(registry, "create_unified_radix_cache", None)
+    if create is not None:  # 0.5.23
+        return create(ctx)
+    return registry._create_unified_radix_cache(ctx, server_args, params)  # 0.5.18, the PR parent
+
+
+def default_register() -> Callable:
+    """The imported tree's registration, looked up at call time so a patched tree or a plugin hook runs."""
+    from sglang.srt.mem_cache import kv_cache_builder
+
+    return kv_cache_builder.maybe_register_hicache_draft
+
+
+# ---------------------------------------------------------------- content oracle
+
+
+class Oracle:
+    """The KV a token carries is a function of its whole prefix, so shared prefixes share KV.
+
+    Each token's prefix hashes to a row of a random table (fixed seed); the
+    target's and the draft's KV for that token are that row of their tables.
+    """
+
+    SLOTS = 4093
+
+    def __init__(self, target_shape: tuple[int, ...], draft_shape: tuple[int, ...], seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.target = torch.randn((self.SLOTS, *target_shape), generator=g).to(torch.bfloat16)
+        self.draft = torch.randn((self.SLOTS, *draft_shape), generator=g).to(torch.bfloat16)
+
+    @staticmethod
+    def slots(tokens: list[int]) -> torch.Tensor:
+        out, h = [], 1469598103934665603
+        for t in tokens:
+            h = ((h ^ (t + 1)) * 1099511628211) & 0xFFFFFFFFFFFF
+            out.append(h % Oracle.SLOTS)
+        return torch.tensor(out, dtype=torch.int64)
+
+
+class _Matched:
+    """A MatchResult that lacks ``device_indices`` (0.5.23), with them attached."""
+
+    def __init__(self, result, device_indices: torch.Tensor) -> None:
+        self._result, self.device_indices = result, device_indices
+
+    def __getattr__(self, name: str):
+        return getattr(self._result, name)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Counts:
+    requests: int = 0
+    tokens_written: int = 0
+    tokens_loaded: int = 0
+    tokens_checked: int = 0
+    load_backs: int = 0
+    host_evictions: int = 0  # host pages freed by sglang's evict_host: the host pool wrapped
+
+
+class HiCacheRun:
+    """One rank's real HiRadixCache with a registered draft; use as a context manager.
+
+    ``register`` is called with the tree's registration keywords; it defaults
+    to the imported tree's ``maybe_register_hicache_draft`` (looked up at
+    enter time, so the plugin's hook or the series is what runs).
+    """
+
+    def __init__(self, case: Case, *, register: Callable | None = None, ops: ReferenceOps | None = None,
+                 seed: int = 0, cuda: bool = False, kernel_ops: object | None = None) -> None:
+        self.case = case
+        self.register = register
+        self.ops = ops if ops is not None else ReferenceOps()
+        self.seed = seed
+        self.cuda = cuda
+        self.kernel_ops = kernel_ops
+        self.counts = Counts()
+        self._stack = contextlib.ExitStack()
+
+    # -------------------------------------------------------------- build
+
+    def __enter__(self) -> "HiCacheRun":
+        try:
+            self._build()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def _build(self) -> None:
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+        case = self.case
+        self._stack.enter_context(substituted(self.ops, cuda=self.cuda, kernel_ops=self.kernel_ops))
+        self.server_args = _server_args(case)
+        self._stack.enter_context(_runtime_overrides(case, self.server_args))
+        group = _process_group()
+
+        self.target_device = _mla_pool(case, case.device_rows, case.page_size, case.target_layers)
+        self.allocator = PagedTokenToKVPoolAllocator(
+            case.device_rows * case.dcp_size, page_size=case.logical_page, dtype=torch.bfloat16,
+            device=case.device, kvcache=self.target_device, need_sort=False,
+        )
+        params = CacheInitParams(
+            disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
+            page_size=case.logical_page, tp_cache_group=group, pp_cache_group=None,
+        )
+        self.draft_device = _draft_device_pool(case)
+        self.unified = case.draft_path == "sidecar"
+        if self.unified:
+            self.tree = _unified_cache(case, self.server_args, params, self.draft_device)
+        else:
+            from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
+
+            self.tree = HiRadixCache(params, self.server_args)
+        self._stack.callback(self._shutdown)
+        self.controller = self.tree.cache_controller
+
+        register = self.register or default_register()
+        if case.draft_path == "legacy":
+            from sglang.srt.mem_cache import kv_cache_builder
+
+            # HiRadixCache is not a UnifiedRadixCache, so maybe_register_hicache_draft takes this path.
+            if not hasattr(kv_cache_builder, "_register_legacy_hicache_draft"):
+                raise AssertionError(f"sglang {sglang_version()} has no legacy draft path")
+        register(**_registration_kwargs(register, self.tree, self.draft_device, self.server_args, case))
+        if self.unified:
+            from sglang.srt.mem_cache.hicache_storage import PoolName
+
+            host_group = self.controller.mem_pool_host  # HostPoolGroup: the anchor (target) and its sidecars
+            self.target_host = host_group.entry_map[PoolName.KV].host_pool
+            entry = host_group.entry_map.get(PoolName.DRAFT)
+            self.draft_host = entry.host_pool if entry is not None else None
+        else:
+            self.target_host = self.controller.mem_pool_host
+            self.draft_host = self.controller.mem_pool_host_draft
+        if self.draft_host is None:
+            raise AssertionError(f"{getattr(register, '__name__', register)} registered no draft host pool")
+
+        for name, pool in (
+            (f"{TARGET}/device", self.target_device), (f"{TARGET}/host", self.target_host),
+            (f"{DRAFT}/device", self.draft_device), (f"{DRAFT}/host", self.draft_host),
+        ):
+            self.ops.register_pool(name, pool)
+        self._count_host_evictions()
+
+        self.oracle = Oracle(self._target_row_shape(), self._draft_row_shape(), self.seed)
+
+    def _shutdown(self) -> None:
+        # HiRadixCache registers an atexit hook; nothing else outlives the run.
+        with contextlib.suppress(Exception):
+            self.tree.shutdown()
+
+    def _count_host_evictions(self) -> None:
+        # Observation only: sglang's own evict_host runs unchanged. HiRadixCache asks its
+        # controller to free host slots; UnifiedRadixCache drives host eviction itself.
+        owner, counts = (self.tree if self.unified else self.controller), self.counts
+        evict_host = owner.evict_host
+
+        def counted(*args, **kwargs):
+            freed = evict_host(*args, **kwargs)
+            counts.host_evictions += int(freed)
+            return freed
+
+        owner.evict_host = counted
+
+    # -------------------------------------------------------------- buffers
+
+    def _target_row_shape(self) -> tuple[int, ...]:
+        layer = self.target_device.kv_buffer[0]
+        return (self.case.target_layers, *layer.shape[1:])
+
+    def _draft_row_shape(self) -> tuple[int, ...]:
+        if self.case.draft == "mla":
+            layer = self.draft_device.kv_buffer[0]
+            return (self.case.draft_layers, *layer.shape[1:])
+        layer = self.draft_device.k_buffer[0]
+        return (2, self.case.draft_layers, *layer.shape[1:])
+
+    def _draft_layers(self) -> list[torch.Tensor]:
+        if self.case.draft == "mla":
+            return list(self.draft_device.kv_buffer)
+        return list(self.draft_device.k_buffer) + list(self.draft_device.v_buffer)
+
+    def _owned(self, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, rows) of the locs this rank stores: loc % dcp == rank, at row loc // dcp."""
+        locs = locs.cpu().to(torch.int64)
+        mine = (locs % self.case.dcp_size == self.case.dcp_rank).nonzero().flatten()
+        return mine, locs[mine] // self.case.dcp_size
+
+    def _write_device(self, tokens: list[int], locs: torch.Tensor, start: int) -> None:
+        """Store the oracle's KV for tokens[start:] at their freshly allocated device locs."""
+        slots = Oracle.slots(tokens)[start:]
+        pos, rows = self._owned(locs)
+        target = self.oracle.target[slots[pos]]  # [n, layer, ...]
+        for layer, buf in enumerate(self.target_device.kv_buffer):
+            buf[rows.to(buf.device)] = target[:, layer].to(buf.device)
+        draft = self.oracle.draft[slots]
+        flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)  # [n, k/v * layer, ...]
+        all_locs = locs.cpu().to(torch.int64)
+        for layer, buf in enumerate(self._draft_layers()):
+            buf[all_locs.to(buf.device)] = flat[:, layer].to(buf.device)
+
+    def check_device(self, tokens: list[int], locs: torch.Tensor) -> None:
+        """The device KV at ``locs`` is byte for byte what ``tokens`` were written with."""
+        slots = Oracle.slots(tokens)[: len(locs)]
+        pos, rows = self._owned(locs)
+        want = self.oracle.target[slots[pos]]
+        for layer, buf in enumerate(self.target_device.kv_buffer):
+            got = buf[rows.to(buf.device)].cpu()
+            bad = (_bits(got) != _bits(want[:, layer])).flatten(1).any(1)
+            if bad.any():
+                raise AssertionError(
+                    f"{self.case.label()}: target layer {layer} differs at {int(bad.sum())} of {len(rows)} "
+                    f"rows of this rank's stripe, first at token {int(pos[bad.nonzero()[0]])}"
+                )
+        draft = self.oracle.draft[slots]
+        flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)
+        all_locs = locs.cpu().to(torch.int64)
+        for layer, buf in enumerate(self._draft_layers()):
+            got = buf[all_locs.to(buf.device)].cpu()
+            bad = (_bits(got) != _bits(flat[:, layer])).flatten(1).any(1)
+            if bad.any():
+                raise AssertionError(
+                    f"{self.case.label()}: draft buffer {layer} differs at {int(bad.sum())} of {len(all_locs)} "
+                    f"tokens, first at token {int(bad.nonzero()[0])}"
+                )
+        self.counts.tokens_checked += len(locs)
+
+    def scrub_device(self) -> None:
+        """NaN over every device buffer, so nothing that was not loaded back can pass the check."""
+        for buf in list(self.target_device.kv_buffer) + self._draft_layers():
+            buf.fill_(float("nan"))
+
+    # -------------------------------------------------------------- sglang ops
+
+    def _key(self, tokens: list[int]):
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return RadixKey(array("q", tokens))  # 0.5.23's tree core requires int64 items (typecode q)
+
+    def sync(self) -> None:
+        """One scheduler round's event check: acks of finished writes and loads."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.tree.check_hicache_events()
+
+    def match(self, tokens: list[int]):
+        """sglang's match, with ``device_indices`` (the matched prefix's device locs) on every tree."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+        result = self.tree.match_prefix(MatchPrefixParams(key=self._key(tokens)))
+        if hasattr(result, "device_indices"):
+            return result
+        # 0.5.23's MatchResult carries only the length; the locs lie on the path to last_device_node.
+        path = self.tree.path_device_indices(result.last_device_node)
+        return _Matched(result, path[: result.device_prefix_len])
+
+    def load_back(self, tokens: list[int]):
+        """Bring the host-only part of ``tokens``' cached prefix back to the device; the match of the whole prefix."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        result = self.match(tokens)
+        if result.host_hit_length > 0:
+            extra = {}
+            if self.unified:  # UnifiedRadixCache reads the request's match state: a stand-in with those fields
+                extra["req"] = SimpleNamespace(
+                    last_node=result.last_device_node, swa_host_hit_length=0, mamba_host_hit_length=0,
+                    host_hit_length=result.host_hit_length, rid=f"harness-{self.counts.load_backs}",
+                    mamba_pool_idx=None, kv=SimpleNamespace(mamba_pool_idx=None),  # 0.5.23 moved it under req.kv
+                )
+            loaded, _node = self.tree.init_load_back(InitLoadBackParams(
+                best_match_node=result.best_match_node, host_hit_length=result.host_hit_length,
+                mem_quota=self.case.device_rows * self.case.dcp_size, **extra,
+            ))
+            # The loaded device indices; 0.5.23 returns their count instead.
+            n = 0 if loaded is None else loaded if isinstance(loaded, int) else len(loaded)
+            if n:
+                self.tree.ready_to_load_host_cache()
+                self.counts.load_backs += 1
+                self.counts.tokens_loaded += n
+            self.sync()
+            result = self.match(tokens)
+        return result
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        locs = self.allocator.alloc(n)
+        if locs is None:
+            self.sync()
+            self.tree.evict(EvictParams(num_tokens=n))
+            locs = self.allocator.alloc(n)
+        if locs is None:
+            raise AssertionError(f"{self.case.label()}: no device room for {n} tokens after eviction")
+        return locs
+
+    def write(self, tokens: list[int]) -> torch.Tensor:
+        """Serve ``tokens`` as a request does: reuse the cached prefix, compute the rest, insert (write-through)."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+
+        assert len(tokens) % self.case.logical_page == 0, "requests are whole logical pages"
+        match = self.load_back(tokens)
+        prefix = match.device_indices
+        if len(prefix):
+            self.check_device(tokens, prefix)
+        # The request holds its prefix while it computes the rest, as a scheduler's lock does.
+        locked = self.tree.inc_lock_ref(match.last_device_node)
+        try:
+            fresh = self._alloc(len(tokens) - len(prefix)) if len(tokens) > len(prefix) else prefix[:0]
+            self._write_device(tokens, fresh, len(prefix))
+            locs = torch.cat([prefix.to(fresh.device), fresh])
+            # prev_prefix_len: the part of ``locs`` the request already holds from the tree (a
+            # scheduler's cache_protected_len); UnifiedRadixCache frees duplicates past it only.
+            self.tree.insert(InsertParams(key=self._key(tokens), value=locs, prev_prefix_len=len(prefix)))
+        finally:
+            if hasattr(locked, "to_dec_params"):  # UnifiedRadixCache releases what its lock took
+                self.tree.dec_lock_ref(match.last_device_node, locked.to_dec_params())
+            else:
+                self.tree.dec_lock_ref(match.last_device_node)
+        self.sync()
+        self.counts.requests += 1
+        self.counts.tokens_written += len(fresh)
+        return locs
+
+    def evict_device(self, n: int | None = None) -> int:
+        """L1 eviction through sglang: backed-up nodes keep their host copy."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        self.sync()
+        n = self.tree.evictable_size() if n is None else n
+        return self.tree.evict(EvictParams(num_tokens=n)).num_tokens_evicted
+
+    @property
+    def host_logical_slots(self) -> int:
+        return self.target_host.logical_size
+
+
+def case_from(planned, **changes) -> Case:
+    """A Case for one entry of matrix.py's plans."""
+    fields = {k: getattr(planned, k) for k in ("dcp_size", "dcp_rank", "layout", "io_backend", "draft", "draft_path")}
+    return replace(Case(**fields), **changes)

@@ -1,0 +1,159 @@
+"""Which data-path cases run on which sglang tree, and the docs table made from that plan.
+
+The tests parametrize over these lists, and docs/hicache-datapath.md carries
+the table that ``python test/datapath/matrix.py --write`` generates from them
+(test_docs.py fails when the committed table is stale). Importing this module
+does not import sglang.
+
+Usage: python test/datapath/matrix.py [--write]
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DCP_SIZES = (1, 2, 3, 4, 8)
+LAYOUT_IO_PAIRS = (  # the pairs sglang keeps (ServerArgs._resolve_layout_io_compatibility)
+    ("layer_first", "direct"),
+    ("layer_first", "kernel"),
+    ("page_first", "kernel"),
+    ("page_first_direct", "direct"),
+)
+DRAFT_KINDS = ("mla", "mha")
+
+# label -> (what the tree is, the draft registration paths it is driven through, full matrix?)
+# "default": 0.5.17's HiRadixCache registration. "legacy": HiRadixCache through
+# _register_legacy_hicache_draft (0.5.18, the PR parent). "sidecar": the tree's
+# UnifiedRadixCache with a HostPoolGroup, the draft put in as a sidecar by
+# hybrid_pool_assembler.build_full_draft_pools (0.5.18 and the PR parent under
+# SGLANG_ENABLE_UNIFIED_RADIX_TREE or for hybrid/DSA models; every HiCache launch of 0.5.23).
+TREES = {
+    "stock": ("sglang 0.5.17", ("default",), True),
+    "patched": ("0.5.17 + patches/sglang-0.5.17", ("default",), True),
+    "plugin": ("0.5.17 + plugin via load_plugins()", ("default",), True),
+    "upstream-base": ("PR #35221 parent (rebuilt)", ("legacy", "sidecar"), False),
+    "upstream-base-patched": ("the parent re-patched", ("legacy", "sidecar"), False),
+    "upstream-0.5.18": ("sglang 0.5.18", ("legacy", "sidecar"), False),
+    "next-stock": ("sglang 0.5.23", ("sidecar",), False),
+    "next-patched": ("0.5.23 + patches/upstream-next", ("sidecar",), False),
+}
+# Trees whose draft host pool is sized from physical rows: every dcp > 1 case is
+# a strict xfail there, and the failure must be the draft host pool overflowing.
+DEFECT_TREES = frozenset({"stock", "upstream-base"})
+# Why a tree with no draft path above would run no data-path case (docs and the skip reason say the same).
+NOT_DRIVEN = "no draft registration path of this tree is driven by the harness"
+
+
+@dataclass(frozen=True)
+class Planned:
+    dcp_size: int
+    dcp_rank: int
+    layout: str
+    io_backend: str
+    draft: str
+    draft_path: str
+
+    @property
+    def id(self) -> str:
+        path = "" if self.draft_path == "default" else f"-{self.draft_path}"
+        return f"dcp{self.dcp_size}-r{self.dcp_rank}-{self.layout}-{self.io_backend}-{self.draft}{path}"
+
+
+def _ranks(dcp: int) -> list[int]:
+    return sorted({0, dcp - 1})
+
+
+def round_trip_plan(tree: str) -> list[Planned]:
+    """Full matrix on the 0.5.17 trees; elsewhere dcp 1/2/3/8 at the last rank, pairs in rotation, both drafts."""
+    _, paths, full = TREES[tree]
+    out: list[Planned] = []
+    for path in paths:
+        if full:
+            for dcp in DCP_SIZES:
+                for rank in _ranks(dcp):
+                    for layout, io in LAYOUT_IO_PAIRS:
+                        for draft in DRAFT_KINDS:
+                            out.append(Planned(dcp, rank, layout, io, draft, path))
+        else:
+            for i, dcp in enumerate((1, 2, 3, 8)):
+                layout, io = LAYOUT_IO_PAIRS[i % len(LAYOUT_IO_PAIRS)]
+                for draft in DRAFT_KINDS:
+                    out.append(Planned(dcp, dcp - 1, layout, io, draft, path))
+    return out
+
+
+def stress_plan(tree: str) -> list[Planned]:
+    """Every dcp and both end ranks on the 0.5.17 trees (layout pair and draft kind in rotation); dcp 2 and 8 elsewhere."""
+    _, paths, full = TREES[tree]
+    out: list[Planned] = []
+    for path in paths:
+        points = [(d, r) for d in DCP_SIZES for r in _ranks(d)] if full else [(2, 1), (8, 7)]
+        for k, (dcp, rank) in enumerate(points):
+            layout, io = LAYOUT_IO_PAIRS[k % len(LAYOUT_IO_PAIRS)]
+            out.append(Planned(dcp, rank, layout, io, DRAFT_KINDS[k % len(DRAFT_KINDS)], path))
+    return out
+
+
+def negative_plan(tree: str) -> list[Planned]:
+    """Sabotaged copies at dcp 1 everywhere, and at dcp 8 (last rank) where the fix is in."""
+    _, paths, _ = TREES[tree]
+    out = []
+    for path in paths:
+        out.append(Planned(1, 0, "layer_first", "direct", "mla", path))
+        if tree not in DEFECT_TREES:
+            out.append(Planned(8, 7, "page_first", "kernel", "mha", path))
+    return out
+
+
+def expected(tree: str, p: Planned) -> str:
+    return "xfail: draft host overflow" if tree in DEFECT_TREES and p.dcp_size > 1 else "byte-exact"
+
+
+def markdown() -> str:
+    rows = [
+        "| tree label | tree | draft path | round trips | stress runs | negative controls | dcp > 1 expected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tree, (what, paths, full) in TREES.items():
+        if not paths:
+            rows.append(f"| `{tree}` | {what} | none | 0 | 0 | 0 | not driven: {NOT_DRIVEN} |")
+            continue
+        rt, st, neg = round_trip_plan(tree), stress_plan(tree), negative_plan(tree)
+        outcome = "strict xfail, asserted draft host overflow" if tree in DEFECT_TREES else "byte-exact"
+        scope = "full matrix" if full else "subset"
+        rows.append(
+            f"| `{tree}` | {what} | {', '.join(paths)} | {len(rt)} ({scope}) | {len(st)} | {len(neg)} | {outcome} |"
+        )
+    rows.append("")
+    rows.append(
+        f"Full matrix: dcp {', '.join(map(str, DCP_SIZES))} x dcp_rank 0 and the last rank x "
+        + ", ".join(f"{l}/{io}" for l, io in LAYOUT_IO_PAIRS)
+        + " x an MLA and an MHA draft. Subset, on each draft path of the tree: dcp 1, 2, 3 and 8 at the "
+        "last rank, one layout/io pair each in rotation, both drafts; stress at dcp 2 and 8."
+    )
+    return "\n".join(rows)
+
+
+BEGIN, END = "<!-- matrix:begin (python test/datapath/matrix.py --write) -->", "<!-- matrix:end -->"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "hicache-datapath.md"
+
+
+def committed_table(doc: Path = DOC) -> str:
+    text = doc.read_text()
+    return text[text.index(BEGIN) + len(BEGIN): text.index(END)].strip("\n")
+
+
+def write(doc: Path = DOC) -> None:
+    text = doc.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{markdown()}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv[1:]:
+        write()
+    else:
+        print(markdown())
