@@ -58,11 +58,14 @@ def table(rows: list[dict]) -> str:
     head = ("| dcp | target backup B/token: rank / group | draft backup B/token: rank / group "
             "| target load B/token: rank / group | draft load B/token: rank / group | draft share of group backup |")
     out = [head, "|---|---|---|---|---|---|"]
+
+    def cell(r: dict, k: str) -> str:
+        return f"{r[k + '_per_token_rank']:,.0f} / {r[k + '_per_token_group']:,.0f}"
+
     for r in rows:
         share = r["draft_backup_per_token_group"] / (r["draft_backup_per_token_group"] + r["target_backup_per_token_group"])
-        cell = lambda k: f"{r[k + '_per_token_rank']:,.0f} / {r[k + '_per_token_group']:,.0f}"  # noqa: E731
-        out.append(f"| {r['dcp']} | {cell('target_backup')} | {cell('draft_backup')} | {cell('target_load')} "
-                   f"| {cell('draft_load')} | {share:.1%} |")
+        out.append(f"| {r['dcp']} | {cell(r, 'target_backup')} | {cell(r, 'draft_backup')} | {cell(r, 'target_load')} "
+                   f"| {cell(r, 'draft_load')} | {share:.1%} |")
     return "\n".join(out)
 
 

@@ -13,7 +13,7 @@ installed sglang's own ``maybe_register_hicache_draft``:
   plugin's fix, which is the same rule 0.5.18 uses); nothing counts the draft
   in the budget;
 - ``this-project``: the target gets t / (t + dcp * d) of ``--hicache-size``
-  (``sizing.BudgetSplit``, as the plugin and series patch 0004 apply it),
+  (``rules.BudgetSplit``, as the plugin and series patch 0004 apply it),
   draft from ``logical_size``.
 
     python bench/host_memory.py [--hicache-size GB] [--device-rows N] [--markdown | --json]
@@ -23,19 +23,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import inspect
 import json
 import logging
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
 
-from sglang_dcp_dspark import sizing
+from sglang_dcp_dspark import rules, sizing
 
-GB = 1e9  # --hicache-size is decimal GB (HostKVCache: host_size * 1e9), so every figure here is too
+GB = rules.GB  # --hicache-size is decimal GB (HostKVCache: host_size * 1e9), so every figure here is too
 DCP_SIZES = (1, 2, 4, 8, 16)
 GPUS_PER_NODE = 8
 SETUPS = ("stock-0.5.17", "0.5.18+", "this-project")
@@ -95,7 +94,7 @@ def registrations() -> tuple[Callable, Callable]:
     if verdict.verdict is not plugin.Verdict.NEEDS_FIX:
         # The "stock-0.5.17" column means nothing on a tree that is already fixed.
         raise SystemExit(f"host_memory: the installed registration is not stock 0.5.17's: {verdict}")
-    return stock, functools.partial(plugin.size_draft_from_logical, stock)
+    return stock, plugin.fixed_registration(stock)
 
 
 @contextlib.contextmanager
@@ -110,10 +109,15 @@ def quiet() -> Iterator[None]:
         root.setLevel(saved)
 
 
+def launch_tp(dcp: int) -> int:
+    # The launch is tp = max(8, dcp) over whole 8-GPU nodes (dcp divides tp).
+    return max(GPUS_PER_NODE, dcp)
+
+
 def ranks_per_node(dcp: int) -> int:
-    # The launch is tp = max(8, dcp) over whole 8-GPU nodes (dcp divides tp):
-    # every node runs 8 ranks and each rank pins its own host pools.
-    return GPUS_PER_NODE
+    """Ranks per node of the launch at this dcp: every rank pins its own host pools."""
+    tp = launch_tp(dcp)
+    return rules.ranks_per_node(tp, 1, rules.nodes_needed(tp, 1, GPUS_PER_NODE))
 
 
 def measure_case(model: Model, dcp: int, *, budget_gb: float, device_rows: int, page_size: int,
@@ -125,8 +129,8 @@ def measure_case(model: Model, dcp: int, *, budget_gb: float, device_rows: int, 
                           register_stock=stock, register_fixed=fixed, **common)
     # The split takes bytes per token from the host pools sglang just built, as the plugin does from the
     # same host-pool classes at startup.
-    split = sizing.BudgetSplit(budget, full.target.bytes_per_token, full.draft_fixed.bytes_per_token, dcp, page_size)
-    ours = sizing.measure(model.target, model.draft, hicache_size_gb=split.target_budget_bytes / GB,
+    split = rules.BudgetSplit(budget, full.target.bytes_per_token, full.draft_fixed.bytes_per_token, dcp, page_size)
+    ours = sizing.measure(model.target, model.draft, hicache_size_gb=split.target_hicache_size_gb,
                           register_fixed=fixed, **common)
     rows = []
     for setup, m, draft in (("stock-0.5.17", full, full.draft_stock), ("0.5.18+", full, full.draft_fixed),
@@ -134,7 +138,8 @@ def measure_case(model: Model, dcp: int, *, budget_gb: float, device_rows: int, 
         per_rank = m.target.bytes + draft.bytes
         rpn = ranks_per_node(dcp)
         rows.append(Row(model.name, dcp, setup, m.target.rows, m.target.logical_slots, draft.rows, m.target.bytes,
-                        draft.bytes, per_rank, rpn, per_rank * rpn, m.coverage(draft), budget, per_rank <= budget))
+                        draft.bytes, per_rank, rpn, rules.per_node(per_rank, rpn), m.coverage(draft), budget,
+                        per_rank <= budget))
     return rows
 
 
@@ -182,7 +187,7 @@ def render_text(rows: list[Row], table: Callable[[list[list[str]]], str]) -> str
 
 def plain_table(cells: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(c.rjust(w) if i != 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

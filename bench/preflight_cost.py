@@ -4,13 +4,13 @@ Each run is a fresh Python process, measured from outside (``os.wait4``: the
 child's own peak resident set, not the maximum over every child):
 
 - ``import sglang.srt.server_args``, the floor any preflight pays;
-- preflight on its embedded default (tiny MLA config, DCP 8 + HiCache + DSPARK,
-  device rows estimated from 141 GiB per GPU);
+- preflight on its embedded default (DeepSeek-V3 with a one-layer MLA DSPARK
+  draft, DCP 8 + HiCache, 540,000 device rows per rank);
 - the same launch at 10x and 100x those device rows. No GPU holds that many
   rows of this geometry, and preflight refuses such a --device-rows as bad
   input, so these runs emulate a GPU 10x and 100x as large and lift
   preflight's bound on GPU memory inside the child; the pools sized are
-  really 10x and 100x larger (up to ~10^10 logical slots).
+  really 10x and 100x larger (up to ~10^9 logical slots).
 
 Goal: peak RSS within 10% across the three preflight runs, and within 1.5x of
 the import. Wall time is reported, not judged: on a shared machine it moves

@@ -22,13 +22,15 @@ import os
 import signal
 import sys
 
+
 class _Faults:
     def __init__(self, root: str, signum: int, nth: int, log_path: str, no_hardlinks: bool) -> None:
         self.root = os.path.realpath(root)
         self.signum = signum
         self.nth = nth
         self.no_hardlinks = no_hardlinks
-        self.log = io.open(log_path, "w", buffering=1)
+        # Held for the life of the process, which the injected signal ends: no with block can hold it.
+        self.log = open(log_path, "w", buffering=1)  # noqa: SIM115
         self.count = 0
 
     def where(self, arg, dir_fd=None) -> str | None:

@@ -12,7 +12,8 @@ import sys
 
 
 def registration_coverage(dcp: int = 8) -> dict:
-    from sglang_dcp_dspark import hostpool, plugin
+    import hostpool
+    from sglang_dcp_dspark import plugin
 
     pair = hostpool.build_pools(hostpool.Geometry(dcp))
     return {
@@ -33,8 +34,8 @@ def scheduler_like(queue) -> None:
 
 
 def launch(model: str, algorithm: str) -> str:
-    from unittest import mock
     from types import SimpleNamespace
+    from unittest import mock
 
     from sglang.srt.server_args import prepare_server_args
 
@@ -68,7 +69,7 @@ def main(model: str, spawn: bool) -> None:
     logging.getLogger("sglang_dcp_dspark").setLevel(logging.INFO)
 
     # As launch_server does: server_args imported, then load_plugins().
-    import sglang.srt.configs.model_config  # noqa: F401
+    import sglang.srt.configs.model_config
     import sglang.srt.layers.quantization  # noqa: F401
     from sglang.srt.plugins import load_plugins
 

@@ -21,6 +21,7 @@ Prints one JSON line on stdout; sglang's log goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from types import SimpleNamespace
@@ -75,9 +76,10 @@ def main() -> None:
 
         configure_logger(server_args, prefix=" TP0")
     else:
-        from sglang.srt.managers import scheduler  # noqa: F401
+        from sglang.srt.managers import scheduler
 
-    from sglang_dcp_dspark import hostpool
+    # The plugin's probes build their pools here; the injected failure goes where they look.
+    from sglang_dcp_dspark import _probes as hostpool
 
     if args.probe_failure:
         real_build = hostpool.build_pools
@@ -101,17 +103,15 @@ def main() -> None:
 
     load_plugins()
     if args.configure_first:
-        from sglang.srt.managers import scheduler  # noqa: F401  (probes run now, logging live)
+        from sglang.srt.managers import scheduler  # probes run now, logging live
     else:
         scheduler.configure_logger(server_args, prefix=" TP0")
     touched_by_probes = list(touched)
     if args.cuda_trap:  # control: the trap does catch a call
         import torch
 
-        try:
+        with contextlib.suppress(RuntimeError):
             torch.cuda.current_device()
-        except RuntimeError:
-            pass
         assert touched[len(touched_by_probes):] == ["current_device"], touched
 
     result: dict = {"touched": touched_by_probes}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import hostpool, sizing
+import hostpool
+from sglang_dcp_dspark import sizing
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "host_memory.py"
 DCP = 2

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from sglang_dcp_dspark import budget, hostpool
+import hostpool
+from sglang_dcp_dspark import budget
 from sglang_dcp_dspark.sizing import BudgetSplit, host_bytes_per_token
 
 BUDGET = 40_000_000  # bytes per rank: real CPU buffers, a few tens of MB
@@ -23,10 +24,10 @@ def build_with_target_share(dcp: int, target_bytes: int) -> hostpool.PoolPair:
     """Target sized by --hicache-size = target_bytes, draft by the fixed registration, as sglang builds them."""
     from sglang.srt.mem_cache import kv_cache_builder
 
-    from sglang_dcp_dspark.plugin import size_draft_from_logical
+    from sglang_dcp_dspark.plugin import fixed_registration
 
     g = hostpool.Geometry(dcp, hicache_size_gb=target_bytes / 1e9)
-    return hostpool.build_pools(g, register=lambda **kw: size_draft_from_logical(kv_cache_builder.maybe_register_hicache_draft, **kw))
+    return hostpool.build_pools(g, register=fixed_registration(kv_cache_builder.maybe_register_hicache_draft))
 
 
 def pinned(pair: hostpool.PoolPair) -> int:

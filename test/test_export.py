@@ -1,4 +1,9 @@
-"""upstream-pr-35221 as files: git am-able onto its rebuilt base, re-exported byte for byte, base and apply verbs."""
+"""Every series of patches/trees.json as files: DEP-3 headers, re-exported byte for byte; the maintainers' verbs.
+
+The re-export is Electron's check-patches: a series is git am'ed onto the tree
+the table names for it, exported again, and must come out byte-identical to
+what is committed. base, workbench and export are checked on upstream-pr-35221.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,75 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from trees import assert_reexports
+from packaging.specifiers import SpecifierSet
 
+import tree_table
+from sglang_dcp_dspark import maintain
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 from sglang_dcp_dspark.errors import DcpDsparkError
+from trees import assert_reexports
 
 SERIES = "upstream-pr-35221"
-TREES = Path(__file__).resolve().parents[1] / "build" / "trees"
-STOCK = TREES / "sglang-0.5.18"
-BASE = TREES / f"{SERIES}-base"
+STOCK = tree_table.TREES["upstream-0.5.18"].path
+BASE = tree_table.TREES["upstream-base"].path
+DEP3_ALWAYS = ("Description", "Last-Update")
 
 
 def need(tree_dir: Path):
     if not (tree_dir / "sglang" / "__init__.py").is_file():
-        pytest.fail(f"{tree_dir} is missing; expected the trees of make upstream-trees; fix: make upstream-trees")
+        target = next(t.make_target for t in tree_table.TREES.values() if t.path == tree_dir)
+        pytest.fail(f"{tree_dir} is missing; expected the trees of make {target}; fix: make {target}")
     return locate_tree(tree_dir)
+
+
+def reexport_tree(name: str):
+    """The tree patches/trees.json re-exports ``name`` on: the venv's sglang for a label without a directory."""
+    tree = tree_table.TREES[tree_table.SERIES[name]["reexport_on"]]
+    return need(tree.path) if tree.path else locate_tree(None)
+
+
+def dep3_fields(text: str) -> dict[str, str]:
+    """The DEP-3 fields of a format-patch message: ``Field: value`` lines before the first diff."""
+    fields = {}
+    for line in text.split("\ndiff --git ", 1)[0].splitlines():
+        field, sep, value = line.partition(": ")
+        if sep and field in ("Description", "Origin", "Forwarded", "Applied-Upstream", "Last-Update", "Bug"):
+            fields[field] = value
+    return fields
+
+
+@pytest.mark.parametrize("name", list(tree_table.SERIES))
+def test_series_headers_match_the_table(name):
+    """The series file's applies-to and fixed-upstream headers say what patches/trees.json says."""
+    row, series = tree_table.SERIES[name], series_mod.load_series(name)
+    assert str(series.applies_to) == str(SpecifierSet(row["applies_to"]))
+    assert series.fixed_upstream == row["fixed_upstream"]
+    assert sorted(tree_table.SERIES) == series_mod.available_series(), "every shipped series is in the table"
+
+
+@pytest.mark.parametrize("name", list(tree_table.SERIES))
+def test_every_patch_carries_its_dep3_header(name):
+    """DEP-3 on every patch of every series: the table says which Origin and Forwarded values each may have."""
+    row, series = tree_table.SERIES[name], series_mod.load_series(name)
+    for patch in series.patches:
+        text = patch.path.read_text(encoding="utf-8")
+        assert text.startswith("From 0000000000000000000000000000000000000000 "), "export must zero the commit id"
+        fields = dep3_fields(text)
+        for field in DEP3_ALWAYS:
+            assert fields.get(field), f"{patch.name} lacks {field}"
+        for field, allowed in row["dep3"].items():
+            assert fields.get(field, "").startswith(tuple(allowed)), f"{patch.name}: {field}: {fields.get(field)!r} is not one of {allowed}"
+        if fields["Origin"].startswith(("upstream", "backport")):
+            # Taken from upstream: say which release carries it, the release the tripwire watches.
+            assert fields.get("Applied-Upstream", "").startswith(f"{row['fixed_upstream']}, "), f"{patch.name} lacks Applied-Upstream"
+        assert all(f.startswith(tuple(row["files_under"])) for f in patch.files), patch.files
+
+
+@pytest.mark.parametrize("name", list(tree_table.SERIES))
+def test_series_git_ams_onto_its_tree_and_reexports_byte_for_byte(name, tmp_path):
+    """CI's freshness check, for every series on the tree the table names: the committed files are exactly what export makes of them."""
+    assert_reexports(series_mod.load_series(name), reexport_tree(name), tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +88,15 @@ def series():
     return series_mod.load_series(SERIES)
 
 
-def test_series_git_ams_onto_its_base_and_reexports_byte_for_byte(series, tmp_path):
-    """CI's freshness check: the committed files are exactly what export makes of them."""
-    assert_reexports(series, need(BASE), tmp_path)
-
-
 def test_workbench_refuses_a_tree_the_series_does_not_am_onto(series, tmp_path):
     with pytest.raises(DcpDsparkError, match="does not git-am onto") as err:
-        series_mod.workbench(need(STOCK), series, tmp_path / "repo")
+        maintain.workbench(need(STOCK), series, tmp_path / "repo")
     assert "\n" not in str(err.value) and "fix: sglang-dcp-dspark base" in str(err.value)
 
 
 def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
     stock = need(STOCK)
-    series_mod.reconstruct_base(stock, series, tmp_path / "base")
+    maintain.reconstruct_base(stock, series, tmp_path / "base")
     base = locate_tree(tmp_path / "base")
     assert series_mod.inspect(base, series).state is series_mod.State.APPLICABLE
     sources = [f for f in series.files if f.startswith("python/sglang/")]
@@ -55,7 +108,7 @@ def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
 
 def test_base_refuses_a_tree_without_the_fix(series, tmp_path):
     with pytest.raises(DcpDsparkError, match="does not reverse-apply") as err:
-        series_mod.reconstruct_base(need(BASE), series, tmp_path / "base")
+        maintain.reconstruct_base(need(BASE), series, tmp_path / "base")
     assert "\n" not in str(err.value) and "fix: pip install --no-deps --target DIR 'sglang==0.5.18'" in str(err.value)
     assert not (tmp_path / "base").exists()
 
@@ -64,7 +117,7 @@ def test_base_refuses_a_non_empty_out(series, tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "keep").write_text("x")
     with pytest.raises(DcpDsparkError, match="is not empty"):
-        series_mod.reconstruct_base(need(STOCK), series, tmp_path / "base")
+        maintain.reconstruct_base(need(STOCK), series, tmp_path / "base")
     assert (tmp_path / "base" / "keep").read_text() == "x"
 
 
@@ -114,7 +167,7 @@ def test_export_removes_only_the_patches_its_listing_named(tmp_path):
     (out / "series").write_text("0001-old.patch\n")
     (out / "0001-old.patch").write_text("stale")
     (out / "mine.patch").write_text("not the series'")
-    written = series_mod.export(repo, "HEAD~1", "sglang-0.5.17", out_dir=out)
+    written = maintain.export(repo, "HEAD~1", "sglang-0.5.17", out_dir=out)
     assert sorted(p.name for p in out.iterdir()) == sorted(["mine.patch", "series", *(p.name for p in written[:-1])])
     assert (out / "mine.patch").read_text() == "not the series'"
 
@@ -124,10 +177,5 @@ def test_export_takes_a_series_name_not_a_path(tmp_path):
     decoy.mkdir()
     (decoy / "keep.patch").write_text("x")
     with pytest.raises(DcpDsparkError, match="is not a series name"):
-        series_mod.export(tmp_path, "HEAD", f"../../{decoy}")
+        maintain.export(tmp_path, "HEAD", f"../../{decoy}")
     assert (decoy / "keep.patch").read_text() == "x"
-
-
-def test_backport_series_reexports_byte_for_byte(installed_tree, tmp_path):
-    """The same freshness check for patches/sglang-0.5.17, on a workbench built from the installed 0.5.17."""
-    assert_reexports(series_mod.load_series("sglang-0.5.17"), installed_tree, tmp_path)

@@ -53,7 +53,10 @@ def root_state(root: Path) -> dict[str, str]:
 def fingerprint(root: Path) -> tuple:
     """root_state with the random parts of temporary names (mkdtemp suffix, pid) blanked."""
     state = root_state(root)
-    norm = lambda rel: re.sub(r"\.\d+\.sglang-dcp-dspark-tmp$", ".PID.sglang-dcp-dspark-tmp", re.sub(r"\.new-[^/]+", ".new-X", rel))  # noqa: E731
+
+    def norm(rel: str) -> str:
+        return re.sub(r"\.\d+\.sglang-dcp-dspark-tmp$", ".PID.sglang-dcp-dspark-tmp", re.sub(r"\.new-[^/]+", ".new-X", rel))
+
     return tuple(sorted((norm(k), v) for k, v in state.items()))
 
 
@@ -108,8 +111,8 @@ class Outcome:
             return
         assert self.signal is None, f"died by signal {self.signal}: {self.err}"
         assert self.code in codes, (self.code, self.err)
-        errors = [l for l in self.err.splitlines() if not l.startswith("recovered: ")]
-        assert len(errors) <= 1 and all(l.startswith("error: ") for l in errors), self.err
+        errors = [line for line in self.err.splitlines() if not line.startswith("recovered: ")]
+        assert len(errors) <= 1 and all(line.startswith("error: ") for line in errors), self.err
 
 
 def fork_cli(argv, tmp: Path, *, root: Path | None = None, signum: int = signal.SIGKILL, nth: int = 0,
@@ -182,7 +185,7 @@ def points(direction: str, start: Path, tmp: Path, **kwargs) -> list[tuple[int, 
     outcome = fork_cli([direction, "--target", str(tree)], tmp / "count-run", root=tree, nth=0, **kwargs)
     outcome.assert_clean(0)
     lines = (tmp / "count-run" / "ops.log").read_text().splitlines()
-    return [(int(i), op, path) for i, op, path in (l.split(" ", 2) for l in lines)]
+    return [(int(i), op, path) for i, op, path in (line.split(" ", 2) for line in lines)]
 
 
 class Verifier:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import hostpool
+import hostpool
 
 
 @pytest.mark.parametrize("dcp", [1, 2, 8])
@@ -32,4 +32,4 @@ def test_probe_sees_an_undersized_draft(monkeypatch):
     # A fresh host pool hands out slots 0, 1, 2, ...: all at or past the draft's end are out of bounds.
     assert pair.out_of_bounds_slots() == len(pair.allocatable_slots()) - pair.draft_host_pool.size > 0
     with pytest.raises(IndexError):
-        pair.touch_draft_rows()
+        hostpool.touch_draft_rows(pair)

@@ -162,12 +162,12 @@ def stock_registration():
 
 
 def test_a_failing_registration_probe_gets_the_check_only_hook(registered, monkeypatch, caplog):
-    from sglang_dcp_dspark import hostpool
+    from sglang_dcp_dspark import _probes
 
     def build_pools(g, register=None):
         raise RuntimeError("injected probe failure")
 
-    monkeypatch.setattr(hostpool, "build_pools", build_pools)
+    monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
         plugin._hook(plugin.DRAFT_REGISTRATION, plugin.registration_verdict, plugin.size_draft_from_logical, False,
                      plugin._check_only_if_needed())
@@ -179,14 +179,15 @@ def test_a_failing_registration_probe_gets_the_check_only_hook(registered, monke
 def test_the_check_only_hook_stops_a_short_draft_pool_and_passes_a_correct_one(stock_registration):
     import functools
 
-    from sglang_dcp_dspark import guard, hostpool
+    import hostpool
+    from sglang_dcp_dspark import guard
 
     check_only = functools.partial(plugin.check_draft_registration, stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
         hostpool.build_pools(hostpool.Geometry(4), register=check_only)
     assert "\n" not in str(caught.value) and guard.REMEDY[guard.Remedy.SERIES_MISSING] in str(caught.value)
     # A registration that sizes from logical_size (here the plugin's own) passes through unchanged.
-    fixed = functools.partial(plugin.size_draft_from_logical, stock_registration)
+    fixed = plugin.fixed_registration(stock_registration)
     pair = hostpool.build_pools(hostpool.Geometry(4), register=functools.partial(plugin.check_draft_registration, fixed))
     assert pair.out_of_bounds_slots() == 0
     assert hostpool.build_pools(hostpool.Geometry(1), register=check_only).out_of_bounds_slots() == 0  # dcp 1: stock is right
@@ -230,7 +231,7 @@ def test_a_probe_that_raises_never_escapes_into_sglangs_import(registered):
 
 
 def test_probes_keep_sglangs_pool_lines_out_of_the_log(caplog):
-    from sglang_dcp_dspark import hostpool
+    import hostpool
 
     with caplog.at_level("INFO"):
         hostpool.build_pools(hostpool.Geometry(2, device_rows=64, page_size=16))  # the same pools, not probing
@@ -310,3 +311,35 @@ def test_status_command_on_the_installed_stock_tree(capsys, monkeypatch):
     assert main(["status"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].strip() == "plugin dcp_dspark      enabled            fixed at run time by the plugin (series not needed)"
+
+
+def test_the_runtime_plugin_imports_only_what_a_launch_needs():
+    """Loading the entry point pulls in the hooks and the switch: no sglang yet, no CLI, no test scaffolding."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    code = "import sys, sglang_dcp_dspark.plugin; print(__import__('json').dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    ours = {m for m in loaded if m.startswith("sglang_dcp_dspark")}
+    assert ours == {
+        "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.switch", "sglang_dcp_dspark.hooks",
+        "sglang_dcp_dspark.hooks._common", "sglang_dcp_dspark.hooks.server_args",
+        "sglang_dcp_dspark.hooks.kv_cache_builder", "sglang_dcp_dspark.hooks.scheduler",
+    }, ours
+    assert not [m for m in loaded if m.split(".")[0] in ("sglang", "torch")]
+    # The scheduler start-up and draft-row helpers only tests use live under test/, not in the wheel.
+    assert importlib.util.find_spec("sglang_dcp_dspark.hostpool") is None
+
+
+def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
+    """One table for register() and preflight: each hook names the sglang module, its judge and hook, and the patch."""
+    from sglang_dcp_dspark import hooks
+
+    assert [h.target for h in hooks.HOOKS] == [plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS]
+    assert [h.hook for h in hooks.HOOKS] == [plugin.admit_dspark, plugin.size_draft_from_logical, plugin.count_draft_in_budget]
+    assert [h.judge for h in hooks.HOOKS] == [plugin.resolver_verdict, plugin.registration_verdict, plugin.budget_verdict]
+    for h in hooks.HOOKS:
+        assert h.target.startswith(h.module + ".") and h.does and h.series_patch.startswith("sglang-0.5.17/")
+    assert hooks.BY_TARGET[plugin.DRAFT_REGISTRATION].check_only() is plugin._check_only_if_needed()

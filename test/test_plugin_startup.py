@@ -64,7 +64,7 @@ def test_one_decision_line_per_hook_in_the_configured_log_and_no_cuda(tree):
     got, log = start(*flags, tree=tree)
     lines = plugin_lines(log)
     assert len(lines) == 3, log
-    for line, want in zip(lines, EXPECTED[tree]):
+    for line, want in zip(lines, EXPECTED[tree], strict=True):
         assert re.match(CONFIGURED, line), line  # sglang's format and prefix: written after configure_logger
         assert line[line.index("] ") + 2 :].startswith(want), line
     assert got["touched"] == []  # the probes called no torch.cuda entry point and imported no sgl_kernel

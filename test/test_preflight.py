@@ -14,10 +14,20 @@ from pathlib import Path
 import pytest
 
 from sglang_dcp_dspark.__main__ import main
+from sglang_dcp_dspark.preflight import (
+    DEFAULT_DEVICE_ROWS,
+    DEFAULT_DEVICE_ROWS_NOTE,
+    DEFAULT_DRAFT,
+    DEFAULT_MODEL,
+    GIB,
+    MAX_GPU_MEMORY_GIB,
+    Node,
+)
 from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
-from sglang_dcp_dspark.preflight import DEFAULT_MODEL, GIB, MAX_GPU_MEMORY_GIB, Node
 
 GATE = "HiCache with --dcp-size > 1"
+# The tests' own 2-layer MLA config; the default launch is DeepSeek-V3 (test_default_launch_*).
+TINY = Path(__file__).parent / "data" / "tiny-mla"
 # The tiny config's device bytes per target row: 2 layers x (512 + 64) x 2 bytes,
 # plus dcp_size x 2 draft layers when the same config is the replicated draft.
 TARGET_ROW = 2 * 576 * 2
@@ -29,7 +39,7 @@ DRAFT_ROW_AT_DCP8 = TARGET_ROW + 8 * 2 * 576 * 2
 PEAK_RSS_LIMIT = 2 * GIB
 
 
-def launch(model=DEFAULT_MODEL, algorithm="DSPARK", *extra, draft=True):
+def launch(model=TINY, algorithm="DSPARK", *extra, draft=True):
     spec = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(model)] if draft else []
     return ["--", "--model-path", str(model), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", *spec, *extra]
 
@@ -50,6 +60,16 @@ def run_cli(*argv: str) -> tuple[int, str, str, int]:
         return child.returncode, out.read(), err.read(), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
 
 
+def passes_line(stock: str, fix: str, per_node: str, available: str = "2,048.00 GiB",
+                from_: str = "the emulated node's default") -> str:
+    """The exact verdict line of a launch that passes and will start: what stock does, what the fix does, whether the node fits."""
+    return (f"verdict: PASSES (exit 0): {stock}; {fix}; its host pools pin {per_node} per node, "
+            f"within the {available} of the 8 x NVIDIA H200 node ({from_}): it will start")
+
+
+COVERS_ALL = "with the plugin it passes and the draft host pool covers all of the target's logical slots"
+
+
 def assert_clean(err: str) -> None:
     assert "Traceback" not in err, err[-3000:]
     # sglang's import-time UserWarnings (AWQ, GGUF, Triton on a machine without CUDA) are filtered around the import.
@@ -66,23 +86,54 @@ def test_plain_launch_without_a_draft_passes():
     assert_clean(err)
     assert "stock sglang  passes" in out and "with plugin   passes" in out
     assert "Host RAM (8 ranks per node, target):" in out
-    assert out.rstrip().splitlines()[-1] == "verdict: PASSES (exit 0): passes sglang's validation and will start"
+    per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
+    assert out.rstrip().splitlines()[-1] == passes_line("stock sglang passes it too", "with the plugin it passes", per_node)
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
 def test_default_launch_with_a_draft_passes():
-    """No arguments: the embedded tiny MLA model at DCP8 + HiCache + DSPARK with the estimated device rows."""
+    """No arguments (make demo): DeepSeek-V3 and a one-layer MLA DSPARK draft at DCP8 + HiCache on an 8 x H200, 2 TiB node.
+
+    Stock sglang refuses it, the plugin admits it with a draft host pool that
+    covers the logical slots, the node holds the pools, and nothing but the
+    report reaches the terminal: no warning from sglang's import.
+    """
     code, out, err, rss = run_cli()
     assert code == 0, err[-2000:]
-    assert_clean(err)
+    assert err == ""
     assert "launch PASSES" in out
     assert "stock sglang  rejected: NotImplementedError: " + GATE in out
     assert "with plugin   passes" in out
     assert "page size       1 physical, 8 logical" in out
-    assert "draft, stock sizing" in out and "draft, with fix" in out
-    assert "(estimate: mem_fraction_static" in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: PASSES (exit 0)")
+    assert f"device rows     {DEFAULT_DEVICE_ROWS:,} physical per rank ({DEFAULT_DEVICE_ROWS_NOTE})" in out
+    # DeepSeek-V3's MLA rows: 61 layers x (512 + 64) x 2 bytes; the draft's one layer: 1,152 bytes.
+    assert re.search(r"^  target +[\d,]+ +70,272 ", out, re.M), out
+    assert re.search(r"^  draft, stock sizing +[\d,]+ +1,152 .* 0\.125$", out, re.M), out
+    assert re.search(r"^  draft, with fix +[\d,]+ +1,152 .* 1\.000$", out, re.M), out
+    assert "available       2,048.00 GiB (the emulated node's default) less sglang's 10.00 GiB reserve: fits" in out
+    per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
+    assert out.rstrip().splitlines()[-1] == passes_line("stock sglang rejects it", COVERS_ALL, per_node)
     assert 0 < rss < PEAK_RSS_LIMIT
+
+
+def test_default_launch_is_deepseek_v3_with_a_one_layer_draft(capsys):
+    """The embedded default's configs: DeepSeek-V3's geometry, a one-layer MLA draft, the stated device rows."""
+    assert main(["preflight", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    launch = report["launch"]
+    assert launch[launch.index("--model-path") + 1] == str(DEFAULT_MODEL)
+    assert launch[launch.index("--speculative-draft-model-path") + 1] == str(DEFAULT_DRAFT)
+    target = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    assert target["architectures"] == ["DeepseekV3ForCausalLM"] and target["num_hidden_layers"] == 61
+    sizing = report["sizing"]
+    assert sizing["target_kv"] == {"layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
+    assert sizing["draft_kv"] == {"layers": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
+    assert sizing["geometry"]["device_rows"] == DEFAULT_DEVICE_ROWS and not sizing["device_rows_estimated"]
+    assert report["node"]["gpus"] == 8 and report["node"]["gpu_name"] == "NVIDIA H200"
+    ram = sizing["host_ram"]
+    assert ram["available"] == 2048 * GIB and ram["fits"] and ram["starts"] and sizing["draft_coverage"] >= 1
+    # A realistic share of the node: the pools take a quarter to a half of its 2 TiB.
+    assert 0.25 * ram["available"] < ram["needed_per_node"] < 0.5 * ram["available"]
 
 
 @pytest.mark.parametrize("draft,row_bytes", [(False, TARGET_ROW), (True, DRAFT_ROW_AT_DCP8)])
@@ -111,8 +162,9 @@ def test_json_report_geometry(capsys):
     assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and not report["stock"]["passed"] and GATE in report["stock"]["message"]
+    per_node = f"{report['sizing']['host_ram']['needed_per_node'] / GIB:,.2f} GiB"
     assert report["verdict"] == {"code": 0, "outcome": "PASSES",
-                                 "line": "verdict: PASSES (exit 0): passes sglang's validation and will start"}
+                                 "line": passes_line("stock sglang rejects it", COVERS_ALL, per_node, from_="--host-ram-gib")}
     g = report["sizing"]["geometry"]
     assert g["dcp_size"] == 8 and g["device_rows"] == 1024
     assert g["target"]["logical_slots"] == 8 * g["target"]["rows"]
@@ -128,7 +180,7 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
     if unbudgeted:
         monkeypatch.setenv("SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT", "1")
     argv = ["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048",
-            *launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "2")]
+            *launch(TINY, "DSPARK", "--hicache-size", "2")]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     ram, g = report["sizing"]["host_ram"], report["sizing"]["geometry"]
@@ -141,14 +193,21 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
 
 
 def test_device_rows_estimate_is_labelled(capsys):
-    assert main(["preflight", "--json"]) == 0
+    assert main(["preflight", "--json", *launch()]) == 0
     sizing = json.loads(capsys.readouterr().out)["sizing"]
     assert "estimate" in sizing["device_rows_note"] and sizing["device_rows_estimated"]
+    # The default launch states its own figure instead; --device-rows overrides it.
+    assert main(["preflight", "--json"]) == 0
+    sizing = json.loads(capsys.readouterr().out)["sizing"]
+    assert sizing["device_rows_note"] == DEFAULT_DEVICE_ROWS_NOTE and not sizing["device_rows_estimated"]
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == 0
+    sizing = json.loads(capsys.readouterr().out)["sizing"]
+    assert sizing["geometry"]["device_rows"] == 1024 and sizing["device_rows_note"] == "given with --device-rows"
 
 
 def test_no_hicache_no_host_pools(capsys):
     """Without --enable-hierarchical-cache there is nothing to pin, so nothing to fit."""
-    argv = ["preflight", "--json", "--host-ram-gib", "12", "--", "--model-path", str(DEFAULT_MODEL), "--tp", "8"]
+    argv = ["preflight", "--json", "--host-ram-gib", "12", "--", "--model-path", str(TINY), "--tp", "8"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert "HiCache is off" in report["sizing"]["skipped"] and report["verdict"]["code"] == 0
@@ -184,14 +243,14 @@ def test_plugins_startup_check_stops_it_exit_3(capsys):
 
 def test_stop_on_estimated_rows_says_so(capsys):
     """A stop judged on the upper-bound estimate of device rows asks for the real figure."""
-    assert main(["preflight", "--host-ram-gib", "64"]) == 3
+    assert main(["preflight", "--host-ram-gib", "64", *launch()]) == 3
     verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
     assert verdict.startswith("verdict: STOPS AT STARTUP (exit 3)")
     assert verdict.endswith("device rows are an upper-bound estimate, pass --device-rows for a firm verdict")
 
 
 def test_hicache_size_that_does_not_fit_exits_3(capsys):
-    argv = ["preflight", "--device-rows", "1024", "--host-ram-gib", "64", *launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "100")]
+    argv = ["preflight", "--device-rows", "1024", "--host-ram-gib", "64", *launch(TINY, "DSPARK", "--hicache-size", "100")]
     assert main(argv) == 3
     out = capsys.readouterr().out
     assert "does NOT fit" in out
@@ -201,17 +260,33 @@ def test_hicache_size_that_does_not_fit_exits_3(capsys):
 
 def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
     """A draft registration that leaves the draft short of the logical slots (e.g. shadowed by another plugin) stops at startup."""
-    from sglang_dcp_dspark import plugin
+    from sglang_dcp_dspark.hooks import kv_cache_builder
 
-    monkeypatch.setattr(plugin, "size_draft_from_logical", lambda original, *args, **kwargs: original(*args, **kwargs))
+    # The hook in the plugin's table, which preflight runs: replaced by one that sizes nothing.
+    monkeypatch.setattr(kv_cache_builder, "size_draft_from_logical", lambda original, *args, **kwargs: original(*args, **kwargs))
     assert main(["preflight", "--json", "--device-rows", "1024"]) == 3
     report = json.loads(capsys.readouterr().out)
     assert report["sizing"]["draft_coverage"] < 1
     assert "draft host pool covers 0.125" in report["verdict"]["line"]
 
 
+def test_preflight_resolves_through_the_plugins_own_resolver_hook(capsys, monkeypatch):
+    """A hook in the plugin's table is what preflight runs: here the resolver hook, seen being called."""
+    from sglang_dcp_dspark.hooks import server_args
+
+    real, seen = server_args.admit_dspark, []
+
+    def spy(original, args, *rest, **kwargs):
+        seen.append(args.speculative_algorithm)
+        return real(original, args, *rest, **kwargs)
+
+    monkeypatch.setattr(server_args, "admit_dspark", spy)
+    assert main(["preflight", "--device-rows", "1024"]) != 1  # admitted: the hook let DSPARK through
+    assert seen == ["DSPARK"]  # once, in the resolution with the plugin; the stock one runs sglang alone
+
+
 def test_eagle_is_rejected_with_sglangs_message(capsys):
-    assert main(["preflight", *launch(DEFAULT_MODEL, "EAGLE")]) == 1
+    assert main(["preflight", *launch(TINY, "EAGLE")]) == 1
     out = capsys.readouterr().out
     assert "launch REJECTED" in out and GATE in out
     assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1): sglang rejects the launch: NotImplementedError: " + GATE)
@@ -249,7 +324,7 @@ def test_empty_sglang_plugins_keeps_the_plugin_on(capsys, monkeypatch):
 def _config(tmp_path, name, edit):
     model = tmp_path / name
     model.mkdir()
-    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    config = json.loads((TINY / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(edit(config)))
     return model
 
@@ -260,12 +335,12 @@ def _without(key):
 
 BAD_INPUT = [
     (["--", "--model-path", "/nonexistent-model-dir"], "has no config.json"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-ratio", "-1"), "--hicache-ratio -1.0 (expected a finite number above 0"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-ratio", "nan"), "--hicache-ratio nan (expected a finite number"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--hicache-size", "1000000000"), "--hicache-size 1000000000 (expected 0 to"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--page-size", "0"), "--page-size 0 (expected 1 to"),
-    (launch(DEFAULT_MODEL, "DSPARK", "--mem-fraction-static", "nan"), "--mem-fraction-static nan"),
+    (launch(TINY, "DSPARK", "--no-such-flag"), "unrecognized arguments: --no-such-flag"),
+    (launch(TINY, "DSPARK", "--hicache-ratio", "-1"), "--hicache-ratio -1.0 (expected a finite number above 0"),
+    (launch(TINY, "DSPARK", "--hicache-ratio", "nan"), "--hicache-ratio nan (expected a finite number"),
+    (launch(TINY, "DSPARK", "--hicache-size", "1000000000"), "--hicache-size 1000000000 (expected 0 to"),
+    (launch(TINY, "DSPARK", "--page-size", "0"), "--page-size 0 (expected 1 to"),
+    (launch(TINY, "DSPARK", "--mem-fraction-static", "nan"), "--mem-fraction-static nan"),
     (["--gpus", "0"], "--gpus 0 (expected 1 to 64)"),
     (["--gpus", "eight"], "--gpus 'eight' is not an integer"),
     (["--gpu-memory-gib", "nan"], "--gpu-memory-gib nan (expected a finite number above 0"),
@@ -274,13 +349,13 @@ BAD_INPUT = [
     (["--host-ram-gib", "-100"], "--host-ram-gib -100.0 (expected a finite number above 0"),
     (["--device-rows", "0"], "--device-rows 0 (expected >= 1)"),
     (["--device-rows", "10000000000"], "--device-rows 10,000,000,000 needs"),
-    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
+    (["--", "--model-path", str(TINY), "--tp", "8", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
      "--dcp-size 1000000 does not divide --tp 8"),
-    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "3", "--dcp-size", "2", "--enable-hierarchical-cache"],
+    (["--", "--model-path", str(TINY), "--tp", "3", "--dcp-size", "2", "--enable-hierarchical-cache"],
      "--dcp-size 2 does not divide --tp 3; sglang builds its DCP groups from slices of dcp_size ranks of each TP group, so expected one of [1, 3]; fix: pass --dcp-size 1"),
-    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "16", "--dcp-size", "8", "--enable-hierarchical-cache"],
+    (["--", "--model-path", str(TINY), "--tp", "16", "--dcp-size", "8", "--enable-hierarchical-cache"],
      "puts 16 ranks on a node, but the emulated node has --gpus 8; expected at most one rank per GPU; fix: pass --nnodes 2 after `--`, or --gpus 16"),
-    (["--", "--model-path", str(DEFAULT_MODEL), "--tp", "1000000", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
+    (["--", "--model-path", str(TINY), "--tp", "1000000", "--dcp-size", "1000000", "--enable-hierarchical-cache"],
      "puts 1000000 ranks on a node"),
 ]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import pytest
@@ -10,7 +9,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sglang_dcp_dspark import hostpool, plugin, sizing
+import hostpool
+from sglang_dcp_dspark import plugin, sizing
 
 TARGET = sizing.MLAKV(layers=2, kv_lora_rank=512, qk_rope_head_dim=64)
 DRAFT = sizing.MLAKV(layers=1, kv_lora_rank=512, qk_rope_head_dim=64)
@@ -21,7 +21,7 @@ def registrations():
     from sglang.srt.mem_cache import kv_cache_builder
 
     stock = inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
-    return stock, functools.partial(plugin.size_draft_from_logical, stock)
+    return stock, plugin.fixed_registration(stock)
 
 
 @pytest.mark.parametrize("dcp,page,layout", [(1, 64, "layer_first"), (2, 64, "layer_first"), (8, 64, "layer_first"),

@@ -1,7 +1,9 @@
 """What the per-tree pytest runs share: the tree label, strict xfails for the defect, and series checks.
 
-`make test` runs test/regression, test/upstream_pr and test/upstream_next once
-per sglang tree, with PYTHONPATH on that tree and DCP_DSPARK_TREE naming it.
+`make test` runs pytest once per tree of patches/trees.json (test/tree_table.py
+reads it), with PYTHONPATH on that tree and DCP_DSPARK_TREE naming it; each
+per-tree conftest checks that the imported sglang is the tree the label names
+and that its series read as the table says.
 """
 
 from __future__ import annotations
@@ -14,11 +16,32 @@ from pathlib import Path
 
 import pytest
 
+from sglang_dcp_dspark import maintain
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import SglangTree, locate_tree
+from tree_table import BUILD_TREES, TREES
 
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
-BUILD_TREES = Path(__file__).resolve().parents[1] / "build" / "trees"
+__all__ = ["BUILD_TREES", "TREE", "TREES"]
+
+
+def expected_state(label: str, series: str) -> series_mod.State:
+    """The state patches/trees.json says ``series`` reads as on the tree ``label``."""
+    return series_mod.State(TREES[label].expect[series])
+
+
+def expect_fixed(label: str = TREE) -> bool:
+    """False on a tree the table marks ``defect``: there tests marked ``regression`` are strict xfails."""
+    return not TREES[label].defect
+
+
+def check_label(series: series_mod.Series, expected_dir: Path | None) -> SglangTree:
+    """The imported sglang, checked to be the run's tree by path and by the table's state of ``series``."""
+    found = imported_tree(expected_dir)
+    status = series_mod.inspect(found, series)
+    want = expected_state(TREE, series.name)
+    assert status.state is want, f"DCP_DSPARK_TREE={TREE} expects {series.name} {want.value}: {status.line()}"
+    return found
 
 
 def mark_defects(items, reason: str) -> None:
@@ -44,8 +67,8 @@ def imported_tree(expected_dir: Path | None = None) -> SglangTree:
 def assert_reexports(series: series_mod.Series, base: SglangTree, tmp_path: Path) -> None:
     """CI's freshness check: git am the series onto ``base``, re-export, and find the committed bytes."""
     repo, out = tmp_path / "repo", tmp_path / "out"
-    base_rev = series_mod.workbench(base, series, repo)
-    written = series_mod.export(repo, base_rev, series.name, out_dir=out)
+    base_rev = maintain.workbench(base, series, repo)
+    written = maintain.export(repo, base_rev, series.name, out_dir=out)
     assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir())
     stale = [p.name for p in written if p.read_bytes() != (series.directory / p.name).read_bytes()]
     assert stale == [], (

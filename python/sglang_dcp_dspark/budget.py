@@ -24,20 +24,18 @@ from __future__ import annotations
 import logging
 import os
 
-from .errors import DcpDsparkError
-from .sizing import BudgetSplit, host_bytes_per_token
+from . import rules
+from .errors import StartupError
+from .rules import GB, BudgetSplit
+from .sizing import host_bytes_per_token
 
 logger = logging.getLogger(__name__)
 
 UNBUDGETED_ENV = "SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT"
-GB = 1e9  # --hicache-size is in decimal gigabytes (HostKVCache: host_size * 1e9)
 
 
-class HostMemoryTooSmall(DcpDsparkError):
+class HostMemoryTooSmall(StartupError):
     """Raised while the scheduler starts, before any host pool is pinned."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=1)
 
 
 def unbudgeted() -> bool:
@@ -46,22 +44,19 @@ def unbudgeted() -> bool:
 
 def local_ranks(server_args) -> int:
     """Ranks that share this host's RAM: the launcher spreads tp x pp evenly over nnodes."""
-    world = int(getattr(server_args, "tp_size", 1)) * int(getattr(server_args, "pp_size", 1))
-    return max(1, world // max(1, int(getattr(server_args, "nnodes", 1))))
+    return rules.ranks_per_node(
+        getattr(server_args, "tp_size", 1), getattr(server_args, "pp_size", 1), getattr(server_args, "nnodes", 1)
+    )
 
 
 def rank_share_of_free_ram(server_args, available_bytes: int | None = None) -> int:
-    """This rank's share of free host RAM after sglang's own reserve.
-
-    Every co-located rank sees the same free RAM, so each may count on only its
-    share of it; sglang 0.5.17 checks each pool against the whole.
-    """
+    """This rank's share of free host RAM after sglang's own reserve (:func:`rules.rank_share_of_free_ram`)."""
     import psutil
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
     if available_bytes is None:
         available_bytes = psutil.virtual_memory().available
-    return max(0, available_bytes - HICACHE_HOST_MEMORY_RESERVE_BYTES) // local_ranks(server_args)
+    return rules.rank_share_of_free_ram(available_bytes, HICACHE_HOST_MEMORY_RESERVE_BYTES, local_ranks(server_args))
 
 
 def _draft_device_pool(scheduler):
@@ -98,7 +93,7 @@ def fit_hicache_size(scheduler, *, available_bytes: int | None = None) -> Budget
 
     # The smallest useful host pool mirrors the device pool once (a smaller L2
     # holds less than L1 and sglang warns that it is of little use).
-    smallest = int(target_pool.size) * (t + dcp * d)
+    smallest = rules.smallest_host_bytes(target_pool.size, t, d, dcp)
     if smallest > share:
         raise HostMemoryTooSmall(
             f"HiCache needs at least {smallest / GB:.2f} GB pinned per rank (target {target_pool.size} rows x "
@@ -121,11 +116,11 @@ def fit_hicache_size(scheduler, *, available_bytes: int | None = None) -> Budget
                 "raise --hicache-size to at least %.2f GB for a full L2 mirror",
                 split.target_rows, target_pool.size, smallest / GB,
             )
-        server_args.hicache_size = split.target_budget_bytes / GB
+        server_args.hicache_size = split.target_hicache_size_gb
         return split
 
     if not server_args.hicache_size:
-        planned = int(target_pool.size * server_args.hicache_ratio) * (t + dcp * d)
+        planned = int(target_pool.size * server_args.hicache_ratio) * rules.bytes_per_target_row(t, d, dcp)
         if planned > share:
             logger.warning(
                 "HiCache at --hicache-ratio %s will pin about %.2f GB per rank (draft included at dcp_size %d), "

@@ -126,7 +126,7 @@ def _read_text(path: Path, tree: SglangTree) -> str:
         ) from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse_version(text: str | None) -> Version | None:
     if not text:
         return None

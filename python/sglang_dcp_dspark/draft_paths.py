@@ -12,20 +12,20 @@ Both are called here as sglang defines them in the imported tree (the PR's
 parent, the parent with the series, or a stock 0.5.18), around a real
 dcp-striped ``MLATokenToKVPoolHost``. The draft host pool they return is
 sglang's own object, so what is measured is sglang's sizing, not a model of it.
-sglang 0.5.17 has neither function; use ``hostpool.build_pools`` there.
+sglang 0.5.17 has neither function; ``_probes.build_pools`` registers its draft.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import hostpool
+from . import _probes
 from .errors import DcpDsparkError
 
 DRAFT_PATHS = ("sidecar", "legacy")
 
 
-def _server_args(g: hostpool.Geometry) -> SimpleNamespace:
+def _server_args(g: _probes.Geometry) -> SimpleNamespace:
     # The fields the two paths read; no storage backend, since L3 stays refused under DCP.
     return SimpleNamespace(
         hicache_mem_layout=g.layout,
@@ -43,23 +43,23 @@ def _require(module: str, name: str):
         import sglang
 
         raise DcpDsparkError(
-            f"{module}.{name} is missing from sglang {getattr(sglang, '__version__', '?')}; expected the "
-            "PR #35221 parent or sglang 0.5.18; fix: PYTHONPATH=build/trees/upstream-pr-35221-base "
-            "(make upstream-trees) or use sglang-dcp-dspark coverage without --draft-path"
+            f"{module}.{name} is missing from sglang {getattr(sglang, '__version__', '?')}; expected "
+            "sglang 0.5.18 or PR #35221's parent, which have both draft paths; fix: run "
+            "`sglang-dcp-dspark coverage` without --draft-path, or with sglang==0.5.18 installed"
         )
     return found
 
 
-def build_sidecar_pools(g: hostpool.Geometry) -> hostpool.PoolPair:
+def build_sidecar_pools(g: _probes.Geometry) -> _probes.PoolPair:
     """Target host pool in a real HostPoolGroup, draft host pool from build_full_draft_pools."""
     build_full_draft_pools = _require(
         "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler", "build_full_draft_pools"
     )
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_pool_entry
     from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_pool_entry
     from sglang.srt.mem_cache.memory_pool_host import HostPoolGroup
 
-    target = hostpool.build_target_host_pool(g)
+    target = _probes.build_target_host_pool(g)
     target_device = target.device_pool
     group = HostPoolGroup(
         [
@@ -74,31 +74,31 @@ def build_sidecar_pools(g: hostpool.Geometry) -> hostpool.PoolPair:
         ]
     )
     controller = SimpleNamespace(mem_pool_host=group, page_size=g.logical_page_size)
-    with hostpool.unpinned_host_memory():
+    with _probes.unpinned_host_memory():
         _specs, entries = build_full_draft_pools(
-            draft_kv_pool=hostpool._draft_device_pool(g),
+            draft_kv_pool=_probes.build_draft_device_pool(g),
             tree_cache=SimpleNamespace(cache_controller=controller),
             server_args=_server_args(g),
         )
-    return hostpool.PoolPair(g, target, entries[0].host_pool)
+    return _probes.PoolPair(g, target, entries[0].host_pool)
 
 
-def build_legacy_pools(g: hostpool.Geometry) -> hostpool.PoolPair:
+def build_legacy_pools(g: _probes.Geometry) -> _probes.PoolPair:
     """Target host pool on a controller stand-in, draft host pool from _register_legacy_hicache_draft."""
     register = _require("sglang.srt.mem_cache.kv_cache_builder", "_register_legacy_hicache_draft")
-    target = hostpool.build_target_host_pool(g)
-    controller = hostpool._ControllerStandIn(target)
-    with hostpool.unpinned_host_memory():
+    target = _probes.build_target_host_pool(g)
+    controller = _probes.ControllerStandIn(target)
+    with _probes.unpinned_host_memory():
         register(
             tree_cache=SimpleNamespace(cache_controller=controller),
-            draft_pool=hostpool._draft_device_pool(g),
+            draft_pool=_probes.build_draft_device_pool(g),
             server_args=_server_args(g),
             page_size=g.logical_page_size,
         )
-    return hostpool.PoolPair(g, target, controller.mem_pool_host_draft)
+    return _probes.PoolPair(g, target, controller.mem_pool_host_draft)
 
 
-def build_pools(path: str, g: hostpool.Geometry) -> hostpool.PoolPair:
+def build_pools(path: str, g: _probes.Geometry) -> _probes.PoolPair:
     if path == "sidecar":
         return build_sidecar_pools(g)
     if path == "legacy":

@@ -39,3 +39,16 @@ class Interrupted(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class StartupError(Exception):
+    """A launch the plugin stops while sglang's scheduler starts (guard, host budget).
+
+    Raised inside sglang, never seen by ``main``: so not a :class:`DcpDsparkError`
+    and no exit code, just the one-line message sglang's launcher reports.
+    """
+
+    def __init__(self, message: str) -> None:
+        if "\n" in message:
+            raise ValueError("StartupError messages are one line")
+        super().__init__(message)

@@ -13,8 +13,8 @@ import enum
 import os
 from collections.abc import Mapping
 
-from . import switch
-from .errors import DcpDsparkError
+from . import rules, switch
+from .errors import StartupError
 from .sizing import logical_slots
 
 
@@ -43,18 +43,15 @@ def remedy_for(environ: Mapping[str, str] = os.environ) -> Remedy:
     return Remedy.SERIES_MISSING if switch.plugin_state(environ).enabled else Remedy.PLUGIN_OFF
 
 
-class DraftHostPoolTooSmall(DcpDsparkError):
+class DraftHostPoolTooSmall(StartupError):
     """Raised while the scheduler starts, so the launch stops before serving."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, exit_code=1)
 
 
 def check_draft_host_pool(target_host_pool, draft_host_pool, remedy: Remedy | None = None) -> None:
     """Raise DraftHostPoolTooSmall unless the draft rows cover the target's logical slots."""
     need = logical_slots(target_host_pool)
     have = int(draft_host_pool.size)
-    if have >= need:
+    if rules.covers(have, need):
         return
     dcp = int(getattr(target_host_pool, "dcp_size", 1))
     raise DraftHostPoolTooSmall(

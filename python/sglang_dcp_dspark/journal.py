@@ -85,7 +85,7 @@ class _HeldSignals:
         self.pending: int | None = None
         self._old: dict[int, object] = {}
 
-    def __enter__(self) -> "_HeldSignals":
+    def __enter__(self) -> _HeldSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._old[signum] = signal.signal(signum, self._hold)

@@ -22,24 +22,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import io
 import json
 import logging
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 from unittest import mock
 
+from . import rules
 from .errors import DcpDsparkError
 
-DEFAULT_MODEL = Path(__file__).parent / "data" / "tiny-mla"
+# The embedded default launch (make demo): DeepSeek-V3 with a one-layer MLA
+# DSPARK draft (architecture fields only, see data/README.md) at DCP8 +
+# HiCache on an 8 x H200 node.
+DATA = Path(__file__).parent / "data"
+DEFAULT_MODEL = DATA / "deepseek-v3"
+DEFAULT_DRAFT = DATA / "deepseek-v3-dspark-draft"
 DEFAULT_LAUNCH = ("--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK")
 GIB = 1024**3
+# The default launch's device rows per rank, as sglang would log them
+# (max_total_num_tokens): DeepSeek-V3's FP8 weights take about 80 GiB of each
+# H200 at --tp 8, which leaves about 40 GiB of sglang's 0.88 x 141 GiB for KV;
+# a row is 79,488 bytes there (61 target layers plus 8 replicated rows of the
+# draft's one layer, 576 bf16 values each), so about 540,000 rows.
+DEFAULT_DEVICE_ROWS = 540_000
+DEFAULT_DEVICE_ROWS_NOTE = ("the default launch's figure: about 40 GiB of KV per H200 after DeepSeek-V3's "
+                            "FP8 weights; pass --device-rows for a measured one")
 
 # Exit codes: the verdict on the launch as it will run.
 PASSES, REJECTED, BAD_INPUT, STOPS = 0, 1, 2, 3
@@ -80,8 +93,7 @@ class Resolution:
 
 
 def default_launch() -> list[str]:
-    model = str(DEFAULT_MODEL)
-    return ["--model-path", model, *DEFAULT_LAUNCH, "--speculative-draft-model-path", model]
+    return ["--model-path", str(DEFAULT_MODEL), *DEFAULT_LAUNCH, "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
 
 
 @contextlib.contextmanager
@@ -141,8 +153,8 @@ def _import_sglang() -> None:
         warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang(\.|$)")
         # Before any probe is patched: these modules decide at import time whether
         # CUDA kernels exist, and must decide "no" on a machine without them.
-        import sglang.srt.configs.model_config  # noqa: F401
-        import sglang.srt.layers.quantization  # noqa: F401
+        import sglang.srt.configs.model_config
+        import sglang.srt.layers.quantization
         import sglang.srt.server_args  # noqa: F401
 
 
@@ -245,25 +257,25 @@ def check_launch(ns: argparse.Namespace, node: Node) -> None:
         # group whose ranks believe in slots that no rank stores.
         divisors = [d for d in range(1, tp + 1) if tp % d == 0]
         raise DcpDsparkError(f"--dcp-size {dcp} does not divide --tp {tp}; sglang builds its DCP groups from slices of dcp_size ranks of each TP group, so expected one of {divisors}; fix: pass --dcp-size {max(d for d in divisors if d <= dcp)} (or a --tp that is a multiple of {dcp})")
-    ranks_per_node = -(-tp * pp // nnodes)
+    ranks_per_node = rules.most_ranks_on_a_node(tp, pp, nnodes)
     if ranks_per_node > node.gpus:
-        fix = f"pass --nnodes {-(-tp * pp // node.gpus)} after `--`"
+        fix = f"pass --nnodes {rules.nodes_needed(tp, pp, node.gpus)} after `--`"
         if ranks_per_node <= MAX_GPUS:
             fix += f", or --gpus {ranks_per_node} if the node has that many"
         raise DcpDsparkError(f"--tp {tp} x --pp-size {pp} over --nnodes {nnodes} puts {ranks_per_node} ranks on a node, but the emulated node has --gpus {node.gpus}; expected at most one rank per GPU; fix: {fix}")
 
 
 def resolve(argv: list[str], node: Node, *, with_plugin: bool) -> Resolution:
-    """sglang's prepare_server_args on the emulated node, with or without the plugin's resolver hook."""
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    """sglang's prepare_server_args on the emulated node, with or without the plugin's hooks on server_args.
 
-    from . import plugin
+    The hooks are the plugin's own table entries, applied as register() would
+    apply them (judged first, hooked only where needed), for this call only.
+    """
+    from sglang.srt.server_args import prepare_server_args
 
-    patch = contextlib.nullcontext()
-    if with_plugin and plugin.resolver_verdict().verdict is plugin.Verdict.NEEDS_FIX:
-        original = ServerArgs._resolve_hicache_dcp_compatibility
-        patch = mock.patch.object(ServerArgs, "_resolve_hicache_dcp_compatibility",
-                                  lambda self: plugin.admit_dspark(original, self))
+    from . import hooks
+
+    patch = hooks.in_effect("sglang.srt.server_args") if with_plugin else contextlib.nullcontext()
     with _quiet_sglang() as log, emulated_node(node), patch:
         try:
             args = prepare_server_args(list(argv))
@@ -316,7 +328,7 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
     from sglang.srt.mem_cache import kv_cache_builder
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
-    from . import budget, plugin, sizing
+    from . import budget, hooks, plugin, sizing
 
     if not args.enable_hierarchical_cache:
         return {"skipped": "HiCache is off (no --enable-hierarchical-cache): no host pools to size"}
@@ -349,9 +361,9 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
                      "weights not subtracted (an upper bound); pass --device-rows for the real figure")
         estimated = True
     stock = kv_cache_builder.maybe_register_hicache_draft
-    fixed = stock
-    if plugin.registration_verdict(stock).verdict is plugin.Verdict.NEEDS_FIX:
-        fixed = functools.partial(plugin.size_draft_from_logical, stock)
+    # The plugin's own table entry decides and hooks it. Without its check-only
+    # hook: a short draft is reported below as a stop at startup, not raised here.
+    _, fixed = hooks.BY_TARGET[plugin.DRAFT_REGISTRATION].wrap(stock, check_only=False)
     with _quiet_sglang():
         result = sizing.measure(
             target_kv, draft_kv, dcp_size=dcp, device_rows=device_rows, page_size=args.page_size or 1,
@@ -362,7 +374,7 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
     if args.hicache_size and result.draft_fixed is not None and not budget.unbudgeted() and plugin_on:
         # As the plugin (and the series' patch 0004) run it: the target gets
         # its share of --hicache-size and the draft follows the target.
-        split = sizing.BudgetSplit(
+        split = rules.BudgetSplit(
             int(args.hicache_size * 1e9), result.target.bytes_per_token, result.draft_fixed.bytes_per_token,
             dcp, result.target.page_size,
         )
@@ -370,10 +382,10 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
         with _quiet_sglang():
             result = sizing.measure(
                 target_kv, draft_kv, dcp_size=dcp, device_rows=device_rows, page_size=args.page_size or 1,
-                hicache_ratio=args.hicache_ratio, hicache_size_gb=split.target_budget_bytes / 1e9,
+                hicache_ratio=args.hicache_ratio, hicache_size_gb=split.target_hicache_size_gb,
                 layout=args.hicache_mem_layout, register_stock=stock, register_fixed=fixed,
             )
-    ranks_per_node = max(1, (args.tp_size * pp) // max(1, args.nnodes))
+    ranks_per_node = rules.ranks_per_node(args.tp_size, pp, args.nnodes)
     # The draft as this launch registers it: the plugin's fix when it runs.
     draft = result.draft_fixed if plugin_on else result.draft_stock
     need_rank = result.target.bytes + (draft.bytes if draft else 0)
@@ -389,12 +401,12 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
         available, available_from = int(node.host_ram_gib * GIB), node.host_ram_from
     else:
         available, available_from = int(psutil.virtual_memory().available), "this machine, available now"
-    usable = available - HICACHE_HOST_MEMORY_RESERVE_BYTES
     # The plugin's start-up check (budget.fit_hicache_size): host pools that
     # mirror the device pool once must fit this rank's share of free RAM.
     draft_bpt = draft.bytes_per_token if draft else 0
-    smallest_rank = device_rows * (result.target.bytes_per_token + dcp * draft_bpt)
-    share_rank = max(0, usable) // ranks_per_node
+    smallest_rank = rules.smallest_host_bytes(device_rows, result.target.bytes_per_token, draft_bpt, dcp)
+    share_rank = rules.rank_share_of_free_ram(available, HICACHE_HOST_MEMORY_RESERVE_BYTES, ranks_per_node)
+    need_node = rules.per_node(need_rank, ranks_per_node)
     coverage = result.coverage(draft)
     return {
         "geometry": result.as_dict(),
@@ -408,7 +420,7 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
         "draft_coverage": coverage,
         "host_ram": {
             "needed_per_rank": need_rank,
-            "needed_per_node": need_rank * ranks_per_node,
+            "needed_per_node": need_node,
             "budget_per_rank": budget_rank,
             "budget_from": budget_from,
             "target_share": None if split is None else split.target_share,
@@ -417,7 +429,7 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
             "available": available,
             "available_from": available_from,
             "reserve": HICACHE_HOST_MEMORY_RESERVE_BYTES,
-            "fits": need_rank * ranks_per_node <= usable,
+            "fits": need_node <= available - HICACHE_HOST_MEMORY_RESERVE_BYTES,
             "smallest_per_rank": smallest_rank,
             "share_per_rank": share_rank,
             # The check runs only where the plugin does, and only with a draft.
@@ -454,6 +466,9 @@ def _verdict(code: int, detail: str) -> dict:
 
 def run(launch: list[str], node: Node, device_rows: int | None = None) -> dict:
     check_node(node, device_rows)
+    default_rows = not launch and device_rows is None
+    if default_rows:
+        device_rows = DEFAULT_DEVICE_ROWS
     launch = list(launch) or default_launch()
     target_path = _option(launch, "--model-path") or _option(launch, "--model")
     target_config = _read_config(target_path, "--model-path")
@@ -482,13 +497,30 @@ def run(launch: list[str], node: Node, device_rows: int | None = None) -> dict:
         report["verdict"] = _verdict(REJECTED, f"sglang rejects the launch: {as_run.message}")
         return report
     report["sizing"] = size_pools(as_run.server_args, node, target_config, draft_config, device_rows, plugin_on=state.enabled)
+    if default_rows and "device_rows_note" in report["sizing"]:
+        report["sizing"]["device_rows_note"] = DEFAULT_DEVICE_ROWS_NOTE
     stops = startup_stops(report["sizing"])
     report["startup_stops"] = stops
     if stops:
         report["verdict"] = _verdict(STOPS, f"passes sglang's validation but stops at startup: {stops[0]}")
     else:
-        report["verdict"] = _verdict(PASSES, "passes sglang's validation and will start")
+        report["verdict"] = _verdict(PASSES, _passes_detail(report))
     return report
+
+
+def _passes_detail(report: dict) -> str:
+    """One line for a launch that will start: what stock sglang does, what the fix does, whether the node fits."""
+    stock = "stock sglang passes it too" if report["stock"]["passed"] else "stock sglang rejects it"
+    fix = "with the plugin it passes" if report["plugin"]["enabled"] else "the plugin is off"
+    sizing = report.get("sizing") or {}
+    if "host_ram" not in sizing:
+        return f"{stock}; {fix}; no HiCache host pools to pin: it will start"
+    coverage = sizing.get("draft_coverage")
+    if coverage is not None:
+        fix += f" and the draft host pool covers {'all' if coverage >= 1 else f'{coverage:.3f}'} of the target's logical slots"
+    ram, node = sizing["host_ram"], report["node"]
+    return (f"{stock}; {fix}; its host pools pin {_gib(ram['needed_per_node'])} per node, within the "
+            f"{_gib(ram['available'])} of the {node['gpus']} x {node['gpu_name']} node ({ram['available_from']}): it will start")
 
 
 def _gib(n: int) -> str:
@@ -590,7 +622,8 @@ def add_parser(sub) -> None:
         "preflight",
         help="will this launch pass sglang's validation and start, and how much pinned host memory will HiCache take (no GPU needed)",
         description="Runs sglang's own argument resolution on an emulated GPU node; with no launch arguments, "
-                    "the embedded tiny MLA model with " + " ".join(DEFAULT_LAUNCH) + ". Exit codes: 0 passes and will "
+                    "DeepSeek-V3 (its config.json, shipped in the package) with a one-layer MLA DSPARK draft, "
+                    + " ".join(DEFAULT_LAUNCH) + f" and {DEFAULT_DEVICE_ROWS:,} device rows per rank. Exit codes: 0 passes and will "
                     "start, 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup.",
     )
     p.add_argument("--json", action="store_true", help="print the report (or the error) as JSON on stdout")
@@ -600,6 +633,7 @@ def add_parser(sub) -> None:
     p.add_argument("--host-ram-gib", metavar="GIB",
                    help=f"host RAM of the target node (default {Node.host_ram_gib:g}, as on a DGX H200); "
                         "'local': what this machine has available now")
-    p.add_argument("--device-rows", metavar="N", help="target device KV rows per rank (sglang logs max_total_num_tokens; default: an upper-bound estimate)")
+    p.add_argument("--device-rows", metavar="N", help="target device KV rows per rank (sglang logs max_total_num_tokens; default: an upper-bound "
+                        f"estimate, or {DEFAULT_DEVICE_ROWS:,} for the default launch)")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="-- followed by the sglang launch arguments")
     p.set_defaults(func=main)

@@ -1,4 +1,6 @@
-"""Patch series: inspect, apply and revert them all-or-nothing, and export them.
+"""Patch series for users: load them, inspect a tree, apply and revert all-or-nothing.
+
+Maintainers' tooling (base trees, working branches, export) is in ``maintain``.
 
 A series is a directory under ``patches/`` holding ``git format-patch`` files
 and a ``series`` file that lists them in order. Header comments in ``series``
@@ -37,30 +39,19 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from . import journal
-from .compat import SglangTree, locate_tree, parse_version
+from .compat import SglangTree, parse_version
 from .errors import DcpDsparkError
 
 _DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 _HEADER_RE = re.compile(r"^#\s*([a-z-]+):\s*(.+?)\s*$")
 _HUNK_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 # A series name is one directory of patches/, a patch name one file of it.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The only places a series may touch, as patches name them.
 _ALLOWED_PREFIXES = ("python/sglang/", "test/")
 # Which series this tool applied, with the digests it left: the one fact that
 # tells "applied by us" from "shipped by the release" once both read the same.
 RECORD = ".sglang-dcp-dspark-applied.json"
-
-# Stable export, as Electron does it: no commit ids, stats or signatures to churn.
-FORMAT_PATCH_FLAGS = (
-    "--keep-subject",
-    "--no-stat",
-    "--no-signature",
-    "--zero-commit",
-    "--full-index",
-    "--no-numbered",
-    "--encoding=UTF-8",
-)
 
 
 def patches_root() -> Path:
@@ -123,7 +114,7 @@ def available_series() -> list[str]:
 
 def load_series(name: str) -> Series:
     """A series of the package's own ``patches/``, by name; a path is never taken here."""
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         known = ", ".join(available_series()) or "none"
         raise DcpDsparkError(
             f"{name!r} is not a series name; expected one of: {known} (a series directory elsewhere needs "
@@ -149,7 +140,7 @@ def load_series_dir(directory: str | Path) -> Series:
     return _load(directory, directory.resolve().name)
 
 
-def _read(path: Path, what: str) -> str:
+def read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -222,12 +213,13 @@ def _patch_files(text: str, patch: Path) -> tuple[str, ...]:
             _check_path(line[4:], patch, strip=True)
         elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
             _check_path(line.split(" ", 2)[2], patch, strip=False)
-        elif line.startswith(("new file mode ", "new mode ", "old mode ", "deleted file mode ", "index ")):
-            if line.rstrip().endswith((" 120000", " 160000")):
-                raise DcpDsparkError(
-                    f"patch {patch} creates a symlink or a submodule ({line.strip()}); nothing was written; "
-                    "expected changes to regular files only; fix: use a series from sglang-dcp-dspark status"
-                )
+        elif line.startswith(
+            ("new file mode ", "new mode ", "old mode ", "deleted file mode ", "index ")
+        ) and line.rstrip().endswith((" 120000", " 160000")):
+            raise DcpDsparkError(
+                f"patch {patch} creates a symlink or a submodule ({line.strip()}); nothing was written; "
+                "expected changes to regular files only; fix: use a series from sglang-dcp-dspark status"
+            )
         i += 1
     return tuple(dict.fromkeys(files))
 
@@ -236,7 +228,7 @@ def _load(directory: Path, name: str) -> Series:
     listing = directory / "series"
     headers: dict[str, str] = {}
     patches: list[Patch] = []
-    for line in _read(listing, "series listing").splitlines():
+    for line in read_text(listing, "series listing").splitlines():
         line = line.strip()
         if not line:
             continue
@@ -245,7 +237,7 @@ def _load(directory: Path, name: str) -> Series:
             if match:
                 headers[match.group(1)] = match.group(2)
             continue
-        if not _NAME_RE.match(line):
+        if not NAME_RE.match(line):
             raise DcpDsparkError(
                 f"series {name} lists {line!r}, which is not a file name in {directory}; nothing was written; "
                 "expected plain patch names; fix: regenerate the series with sglang-dcp-dspark export"
@@ -256,7 +248,7 @@ def _load(directory: Path, name: str) -> Series:
                 f"series {name} lists {line} but the file is missing; expected it in {directory}; "
                 "fix: reinstall sglang-dcp-dspark or regenerate with sglang-dcp-dspark export"
             )
-        patches.append(Patch(path=path, files=_patch_files(_read(path, "patch"), path)))
+        patches.append(Patch(path=path, files=_patch_files(read_text(path, "patch"), path)))
     try:
         applies_to = SpecifierSet(headers.get("applies-to", ""))
     except InvalidSpecifier as exc:
@@ -303,7 +295,7 @@ class Status:
         return f"{s.name:<22} {self.state.value:<18} {detail}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _git_problem(git: str, stamp: int) -> str | None:
     """Why this git binary cannot be used, or None; ``stamp`` (its mtime) re-checks a replaced binary."""
     try:
@@ -352,20 +344,20 @@ def _staging_error(why: str) -> DcpDsparkError:
     )
 
 
-def _temporary_directory(prefix: str) -> tempfile.TemporaryDirectory:
+def temporary_directory(prefix: str) -> tempfile.TemporaryDirectory:
     try:
         return tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
     except OSError as exc:
         raise _staging_error(exc.strerror or str(exc)) from None
 
 
-class _Staging:
+class Staging:
     """A scratch copy of the series' files, laid out as in the tree, for git apply."""
 
     def __init__(self, tree: SglangTree, series: Series) -> None:
         self.tree = tree
         self.series = series
-        self._dir = _temporary_directory("sglang-dcp-dspark-")
+        self._dir = temporary_directory("sglang-dcp-dspark-")
         self.root = Path(self._dir.name)
         self.originals: dict[str, bytes | None] = {}
         try:
@@ -388,7 +380,7 @@ class _Staging:
                 ) from None
             raise _staging_error(exc.strerror or str(exc)) from None
 
-    def __enter__(self) -> "_Staging":
+    def __enter__(self) -> Staging:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -422,7 +414,7 @@ class _Staging:
         the same file onto the first two, so each patch gets its own run. With
         ``check`` they run on a throwaway copy and staging stays as it was.
         """
-        scratch = _temporary_directory("sglang-dcp-dspark-check-") if check else None
+        scratch = temporary_directory("sglang-dcp-dspark-check-") if check else None
         root = self.root
         try:
             if scratch is not None:
@@ -487,7 +479,7 @@ def _recorded(tree: SglangTree, series: Series) -> bool:
 
 def inspect(tree: SglangTree, series: Series) -> Status:
     patches = series.patches
-    with _Staging(tree, series) as staging:
+    with Staging(tree, series) as staging:
         if staging.applies(patches):
             return Status(series, tree, State.APPLICABLE, 0)
         if staging.applies(patches, reverse=True):
@@ -511,12 +503,12 @@ def recover(tree: SglangTree, *, action: str | None = None, series: str | None =
         return journal.recover(tree.root, intent=(action, series) if action else None)
 
 
-def _first_failing(staging: _Staging, patches) -> tuple[Patch, str]:
+def _first_failing(staging: Staging, patches) -> tuple[Patch, str]:
     """Which patch of a failing run breaks first, and git's complaint about it."""
     for i, patch in enumerate(patches):
         result = staging.git_apply(patches[: i + 1], check=True)
         if result.returncode != 0:
-            errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+            errors = [e for e in result.stderr.splitlines() if e.startswith("error:")]
             return patch, (errors[0] if errors else result.stderr.strip()).removeprefix("error: ")
     return patches[-1], "unknown failure"
 
@@ -546,7 +538,7 @@ def _apply(tree: SglangTree, series: Series) -> str:
             "(see sglang-dcp-dspark status)"
         )
     pending = series.patches[status.applied :]
-    with _Staging(tree, series) as staging:
+    with Staging(tree, series) as staging:
         if status.state is State.CONFLICT:
             patch, why = _first_failing(staging, pending)
             raise DcpDsparkError(
@@ -596,7 +588,7 @@ def _revert(tree: SglangTree, series: Series) -> str:
             f"{series.name} cannot be reverted from {tree.describe()}: its files match neither the "
             f"stock nor the patched sources; fix: {tree.restore_hint(str(series.applies_to))}"
         )
-    with _Staging(tree, series) as staging:
+    with Staging(tree, series) as staging:
         result = staging.git_apply(series.patches[:applied], reverse=True)
         if result.returncode != 0:
             raise DcpDsparkError(f"git apply -R failed in staging: {(result.stderr.strip() or 'no output').splitlines()[0]}")
@@ -606,186 +598,28 @@ def _revert(tree: SglangTree, series: Series) -> str:
     return f"{series.name}: reverted {applied} patch(es) from {tree.describe()}"
 
 
-def export(repo: Path, base: str, series_name: str, *, out_dir: Path | None = None) -> list[Path]:
-    """Re-export ``base..HEAD`` of a working branch as the named series.
+def revert_found(tree: SglangTree):
+    """``revert`` with no series named: undo every series found in the tree, yielding one line each.
 
-    Writes the patches and the ``series`` listing (keeping its header comments)
-    into ``out_dir`` (default: the series' own directory) and returns the files
-    written. Output depends only on the commits, so a re-export of unchanged
-    commits is byte-identical: CI compares it with what is committed.
-
-    Only patches the directory's old ``series`` listing named are removed, so
-    an ``--out`` that holds other ``.patch`` files keeps them.
+    A series meant for this release whose files match neither side is an
+    error, not something to skip in silence; it is raised after the others
+    are reverted, so the lines already yielded stay true.
     """
-    if not _NAME_RE.match(series_name):
+    reverted, conflicts = 0, []
+    for name in available_series():
+        series = load_series(name)
+        status = inspect(tree, series)
+        if status.state in (State.APPLIED, State.PARTIAL) or status.recorded:
+            yield revert(tree, series)
+            reverted += 1
+        elif status.state is State.CONFLICT and series.targets(tree.version):
+            conflicts.append(series)
+    if conflicts:
+        names = ", ".join(s.name for s in conflicts)
         raise DcpDsparkError(
-            f"{series_name!r} is not a series name; expected a directory name such as sglang-0.5.17; "
-            "fix: pass --series NAME (and --out DIR to write elsewhere)"
+            f"{names} cannot be reverted from {tree.describe()}: its files match neither the stock nor the "
+            f"patched sources{'; ' + str(reverted) + ' other series reverted' if reverted else ''}; "
+            f"fix: {tree.restore_hint(str(conflicts[0].applies_to))}"
         )
-    git = require_git()
-    target = out_dir or (patches_root() / series_name)
-    listing = patches_root() / series_name / "series"
-    header = [l for l in _read(listing, "series listing").splitlines() if l.startswith("#")] if listing.is_file() else []
-    with _temporary_directory("sglang-dcp-dspark-export-") as tmp:
-        result = subprocess.run(
-            [git, "-c", "core.abbrev=40", "format-patch", *FORMAT_PATCH_FLAGS, "-o", tmp, f"{base}..HEAD"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            errors="replace",
-        )
-        if result.returncode != 0:
-            raise DcpDsparkError(
-                f"git format-patch {base}..HEAD failed in {repo}: {(result.stderr.strip() or 'no output').splitlines()[-1]}; "
-                "expected a git checkout with the series committed on top of BASE; fix: pass --repo and --base"
-            )
-        produced = sorted(Path(tmp).glob("*.patch"))
-        if not produced:
-            raise DcpDsparkError(f"no commits in {base}..HEAD of {repo}; expected the series' commits; fix: check --base")
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            old_listing = target / "series"
-            if old_listing.is_file():
-                for line in _read(old_listing, "series listing").splitlines():
-                    line = line.strip()
-                    if _NAME_RE.match(line) and line.endswith(".patch") and (target / line).is_file():
-                        (target / line).unlink()
-            written = []
-            for patch in produced:
-                dest = target / patch.name
-                shutil.copyfile(patch, dest)
-                written.append(dest)
-            (target / "series").write_text("\n".join(header + [p.name for p in written]) + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise DcpDsparkError(
-                f"cannot write the series into {target}: {exc.strerror} on {exc.filename or target}; "
-                "fix: free space or pick a writable --out, and rerun sglang-dcp-dspark export"
-            ) from None
-    return written + [target / "series"]
-
-
-# Identity and date for commits this tool makes, so that a working branch and
-# its re-export depend on nothing but the files.
-_AUTHOR = ("sglang-dcp-dspark", "sglang-dcp-dspark@users.noreply.github.com")
-_DATE = "2026-11-29T00:00:00+0000"
-
-
-def _git_env() -> dict[str, str]:
-    name, email = _AUTHOR
-    return dict(
-        os.environ,
-        GIT_AUTHOR_NAME=name,
-        GIT_AUTHOR_EMAIL=email,
-        GIT_COMMITTER_NAME=name,
-        GIT_COMMITTER_EMAIL=email,
-        GIT_AUTHOR_DATE=_DATE,
-        GIT_COMMITTER_DATE=_DATE,
-        LC_ALL="C",
-    )
-
-
-def _require_empty(out: Path, verb: str) -> None:
-    if out.exists() and any(out.iterdir()):
-        raise DcpDsparkError(
-            f"{out} is not empty; expected a new or empty directory for {verb}; "
-            f"fix: rm -rf {out} and rerun sglang-dcp-dspark {verb}"
-        )
-
-
-def reconstruct_base(source: SglangTree, series: Series, out: Path) -> str:
-    """Rebuild the tree that a series in upstream's form was written against.
-
-    ``source`` is the release that shipped the series (for upstream-pr-35221,
-    sglang 0.5.18). It is copied to ``out`` and the series is reversed there
-    with ``git apply -R``; nothing is edited by hand, so the base is the release
-    minus exactly upstream's hunks. ``revert`` cannot do this: on the release
-    the series reads as "fixed upstream", which is not ours to undo.
-    """
-    require_git()
-    out = Path(out)
-    _require_empty(out, "base")
-    with _Staging(source, series) as staging:
-        if not staging.applies(series.patches, reverse=True):
-            raise DcpDsparkError(
-                f"series {series.name} does not reverse-apply to {source.describe()}; expected the release "
-                f"that shipped it (sglang {series.fixed_upstream}); fix: pip install --no-deps --target DIR "
-                f"'sglang=={series.fixed_upstream}' and pass --from DIR"
-            )
-    existed = out.exists()
-    try:
-        _copy_for_base(source, series, out)
-        base = locate_tree(out)
-        with _Staging(base, series) as staging:
-            result = staging.git_apply(series.patches, reverse=True)
-            if result.returncode != 0:  # checked above on the same bytes; anything else is a bug
-                raise DcpDsparkError(f"git apply -R failed in staging: {(result.stderr.strip() or 'no output').splitlines()[0]}")
-            changes = staging.changes()
-        journal.commit(base.root, changes, action="base", series=series.name, verb="base")
-    except BaseException as exc:
-        # A half-built base must not pass for a base later: OUT was new or
-        # empty (checked above), so all of it is ours to remove.
-        if existed:
-            for child in out.iterdir():
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        else:
-            shutil.rmtree(out, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise DcpDsparkError(
-                f"cannot build the base in {out}: {exc.strerror} on {exc.filename or out}; it was removed again; "
-                "fix: free space or pick another --out, and rerun sglang-dcp-dspark base"
-            ) from None
-        raise
-    return f"{series.name}: base rebuilt at {base.package} from {source.describe()}, {len(series.patches)} patch(es) reversed"
-
-
-def _copy_for_base(source: SglangTree, series: Series, out: Path) -> None:
-    skip = shutil.ignore_patterns("__pycache__")
-    if source.layout == "installed":
-        shutil.copytree(source.package, out / "sglang", ignore=skip)
-        for meta in source.root.glob("sglang-*.dist-info"):
-            shutil.copytree(meta, out / meta.name)
-    else:
-        shutil.copytree(source.package, out / "python" / "sglang", ignore=skip)
-        extras = [f for f in series.tree_files(source) if not f.startswith("python/sglang/")]
-        for name in extras + ["python/pyproject.toml"]:
-            if (source.root / name).is_file():
-                (out / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source.root / name, out / name)
-
-
-def workbench(base: SglangTree, series: Series, repo: Path) -> str:
-    """A git working branch for a series; returns the base commit to pass to ``export``.
-
-    The series' files as they are in ``base`` are committed as the base, then
-    the series is ``git am``ed on top, so the branch holds one commit per patch
-    to edit (``git rebase -i``) before re-exporting. Commits carry a fixed
-    identity and date: re-exporting an untouched branch reproduces the
-    committed files byte for byte, which is what CI checks.
-    """
-    git = require_git()
-    repo = Path(repo)
-    _require_empty(repo, "workbench")
-    repo.mkdir(parents=True, exist_ok=True)
-    env = _git_env()
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([git, "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True, text=True)
-
-    run("init", "-q", "-b", "main")
-    for name in series.files:
-        source = base.path_of(name)
-        if source.is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, repo / name)
-    run("add", "-A")
-    run("commit", "-q", "--allow-empty", "-m", f"base of {series.name}: {base.describe()}")
-    rev = run("rev-parse", "HEAD").stdout.strip()
-    result = run("am", "-q", "--keep", "--committer-date-is-author-date", *[str(p.path) for p in series.patches])
-    if result.returncode != 0:
-        first = (result.stderr.strip() or result.stdout.strip() or "git am failed").splitlines()[0]
-        raise DcpDsparkError(
-            f"series {series.name} does not git-am onto {base.describe()} ({first}); expected the tree it "
-            f"was written against; fix: sglang-dcp-dspark base --series {series.name} --from DIR --out BASE "
-            "and pass --from BASE"
-        )
-    return rev
+    if not reverted:
+        yield f"nothing to revert: no series is applied to {tree.describe()}"

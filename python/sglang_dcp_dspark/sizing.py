@@ -12,10 +12,15 @@ with the plugin's fix, so both sides of the defect are measured the same way.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from typing import Callable, Iterator
 from unittest import mock
+
+from . import rules
+
+# The budget split lives in :mod:`rules`; imported here for the callers that size pools with it.
+from .rules import BudgetSplit as BudgetSplit
 
 # torch dtypes by --kv-cache-dtype; "auto" follows the model (bf16 for the MLA models this is for).
 KV_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
@@ -34,7 +39,9 @@ class MLAKV:
 
 def logical_slots(host_pool) -> int:
     """Slots the radix tree addresses in a host pool: ``logical_size``, or one per row before DCP existed."""
-    return int(getattr(host_pool, "logical_size", host_pool.size))
+    if hasattr(host_pool, "logical_size"):
+        return int(host_pool.logical_size)
+    return rules.logical_slots(host_pool.size, 1)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class HiCacheSizing:
         return self.page_size * self.dcp_size
 
     def coverage(self, draft: HostPoolSize | None) -> float | None:
-        return None if draft is None else draft.rows / self.target.logical_slots
+        return None if draft is None else rules.coverage(draft.rows, self.target.logical_slots)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -138,13 +145,10 @@ def _unallocated_host_buffers() -> Iterator[None]:
 
 
 def _device_pool(kv: MLAKV, rows: int, page_size: int):
-    import torch
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from ._probes import mla_device_pool
 
-    return MLATokenToKVPool(
-        size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), kv_lora_rank=kv.kv_lora_rank,
-        qk_rope_head_dim=kv.qk_rope_head_dim, layer_num=kv.layers, device="meta", enable_memory_saver=False,
-    )
+    return mla_device_pool(rows, page_size, kv.layers, kv_lora_rank=kv.kv_lora_rank,
+                           qk_rope_head_dim=kv.qk_rope_head_dim, dtype=kv.dtype, device="meta")
 
 
 def measure(
@@ -161,14 +165,14 @@ def measure(
     register_fixed: Callable | None = None,
 ) -> HiCacheSizing:
     """Build rank 0's pools at full size on the meta device and register the draft both ways."""
-    from . import hostpool
+    from . import _probes
 
-    geometry = hostpool.Geometry(
+    geometry = _probes.Geometry(
         dcp_size, layout, device_rows=device_rows, page_size=page_size, host_ratio=hicache_ratio,
         hicache_size_gb=hicache_size_gb,
     )
     with _unallocated_host_buffers():
-        target_pool = hostpool.build_target_host_pool(geometry, device_pool=_device_pool(target_kv, device_rows, page_size))
+        target_pool = _probes.build_target_host_pool(geometry, device_pool=_device_pool(target_kv, device_rows, page_size))
         drafts = []
         for register in (register_stock, register_fixed):
             if draft_kv is None or register is None:
@@ -176,7 +180,7 @@ def measure(
                 continue
             # The replicated draft is indexed by logical slots: its device pool has device_rows x dcp rows.
             draft_device = _device_pool(draft_kv, device_rows * dcp_size, page_size * dcp_size)
-            kwargs = hostpool.draft_registration_args(target_pool, geometry, draft_device_pool=draft_device)
+            kwargs = _probes.draft_registration_args(target_pool, geometry, draft_device_pool=draft_device)
             register(**kwargs)
             draft = kwargs["tree_cache"].cache_controller.mem_pool_host_draft
             drafts.append(None if draft is None else HostPoolSize.of(draft))
@@ -200,57 +204,3 @@ def host_bytes_per_token(device_pool) -> int:
     host.dtype = device_pool.store_dtype
     host.override_kv_cache_dim = None
     return int(host.get_size_per_token())
-
-
-@dataclass(frozen=True)
-class BudgetSplit:
-    """One rank's ``--hicache-size`` shared between the target and the replicated draft.
-
-    Every target row costs ``target_bytes_per_token`` and brings ``dcp_size``
-    logical slots, each of which needs a draft row: so a budget of B bytes buys
-    B / (t + dcp_size * d) target rows. Upstream's open PR #35875 divides by
-    t + d, which under DCP pins up to dcp_size times the draft it budgeted.
-
-    sglang rounds every host pool up past its last whole page, so one target
-    page and two draft pages (each dcp_size rows per physical row) are held
-    back to keep what is pinned inside the budget.
-    """
-
-    budget_bytes: int
-    target_bytes_per_token: int
-    draft_bytes_per_token: int
-    dcp_size: int
-    page_size: int = 0  # physical page of the target host pool
-
-    @property
-    def rounding_bytes(self) -> int:
-        return self.page_size * (self.target_bytes_per_token + 2 * self.dcp_size * self.draft_bytes_per_token)
-
-    @property
-    def bytes_per_target_row(self) -> int:
-        return self.target_bytes_per_token + self.dcp_size * self.draft_bytes_per_token
-
-    @property
-    def target_share(self) -> float:
-        return self.target_bytes_per_token / self.bytes_per_target_row
-
-    @property
-    def target_rows(self) -> int:
-        return max(0, self.budget_bytes - self.rounding_bytes) // self.bytes_per_target_row
-
-    @property
-    def draft_rows(self) -> int:
-        return self.target_rows * self.dcp_size
-
-    @property
-    def target_budget_bytes(self) -> int:
-        return self.target_rows * self.target_bytes_per_token
-
-    @property
-    def draft_budget_bytes(self) -> int:
-        return self.draft_rows * self.draft_bytes_per_token
-
-    @property
-    def share_without_dcp(self) -> float:
-        """The target share PR #35875 would give: it misses the dcp factor."""
-        return self.target_bytes_per_token / (self.target_bytes_per_token + self.draft_bytes_per_token)

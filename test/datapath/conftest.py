@@ -9,10 +9,10 @@ the run.
 from __future__ import annotations
 
 import pytest
-from trees import TREE
 
 from datapath import matrix
 from datapath.harness import DraftHostOverflow
+from trees import TREE
 
 KNOWN = TREE in matrix.TREES
 DRIVEN = KNOWN and bool(matrix.TREES[TREE][1])

@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ops = ReferenceOps()
     kernel_ops, ops_name = _import_sglang(ops)
-    from datapath import harness, scenarios
     from sglang.srt.mem_cache.pool_host import mha, mla
+
+    from datapath import harness, scenarios
 
     if not args.jit:
         for module in (mla, mha):

@@ -33,10 +33,10 @@ import inspect
 import os
 import traceback
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterator
 
 import torch
 
@@ -319,7 +319,7 @@ class HiCacheRun:
 
     # -------------------------------------------------------------- build
 
-    def __enter__(self) -> "HiCacheRun":
+    def __enter__(self) -> HiCacheRun:
         try:
             self._build()
         except BaseException:

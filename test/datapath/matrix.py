@@ -1,7 +1,7 @@
 """Which data-path cases run on which sglang tree, and the docs table made from that plan.
 
 The tests parametrize over these lists, and docs/hicache-datapath.md carries
-the table that ``python test/datapath/matrix.py --write`` generates from them
+the table that ``python test/datapath/matrix.py`` prints (``--write`` pastes it in)
 (test_docs.py fails when the committed table is stale). Importing this module
 does not import sglang.
 
@@ -14,6 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a script, test/ (where tree_table lives) is not on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tree_table
+
 DCP_SIZES = (1, 2, 3, 4, 8)
 LAYOUT_IO_PAIRS = (  # the pairs sglang keeps (ServerArgs._resolve_layout_io_compatibility)
     ("layer_first", "direct"),
@@ -23,22 +27,31 @@ LAYOUT_IO_PAIRS = (  # the pairs sglang keeps (ServerArgs._resolve_layout_io_com
 )
 DRAFT_KINDS = ("mla", "mha")
 
-# label -> (what the tree is, the draft registration paths it is driven through, full matrix?)
+# The tree labels and what each tree is come from patches/trees.json
+# (test/tree_table.py); this module adds, per label, the draft registration
+# paths the harness drives there and whether the full matrix runs.
 # "default": 0.5.17's HiRadixCache registration. "legacy": HiRadixCache through
 # _register_legacy_hicache_draft (0.5.18, the PR parent). "sidecar": the tree's
 # UnifiedRadixCache with a HostPoolGroup, the draft put in as a sidecar by
 # hybrid_pool_assembler.build_full_draft_pools (0.5.18 and the PR parent under
 # SGLANG_ENABLE_UNIFIED_RADIX_TREE or for hybrid/DSA models; every HiCache launch of 0.5.23).
-TREES = {
-    "stock": ("sglang 0.5.17", ("default",), True),
-    "patched": ("0.5.17 + patches/sglang-0.5.17", ("default",), True),
-    "plugin": ("0.5.17 + plugin via load_plugins()", ("default",), True),
-    "upstream-base": ("PR #35221 parent (rebuilt)", ("legacy", "sidecar"), False),
-    "upstream-base-patched": ("the parent re-patched", ("legacy", "sidecar"), False),
-    "upstream-0.5.18": ("sglang 0.5.18", ("legacy", "sidecar"), False),
-    "next-stock": ("sglang 0.5.23", ("sidecar",), False),
-    "next-patched": ("0.5.23 + patches/upstream-next", ("sidecar",), False),
+_DRIVEN = {
+    "stock": (("default",), True),
+    "patched": (("default",), True),
+    "plugin": (("default",), True),
+    "upstream-base": (("legacy", "sidecar"), False),
+    "upstream-base-patched": (("legacy", "sidecar"), False),
+    "upstream-0.5.18": (("legacy", "sidecar"), False),
+    "next-stock": (("sidecar",), False),
+    "next-patched": (("sidecar",), False),
 }
+if set(_DRIVEN) != set(tree_table.TREES):
+    raise RuntimeError(
+        f"test/datapath/matrix.py drives {sorted(_DRIVEN)} but patches/trees.json lists {sorted(tree_table.TREES)}; "
+        "fix: give every tree of the table its draft paths here"
+    )
+# label -> (what the tree is, the draft registration paths it is driven through, full matrix?)
+TREES = {label: (tree.title, *_DRIVEN[label]) for label, tree in tree_table.TREES.items()}
 # Trees whose draft host pool is sized from physical rows: every dcp > 1 case is
 # a strict xfail there, and the failure must be the draft host pool overflowing.
 DEFECT_TREES = frozenset({"stock", "upstream-base"})
@@ -129,14 +142,14 @@ def markdown() -> str:
     rows.append("")
     rows.append(
         f"Full matrix: dcp {', '.join(map(str, DCP_SIZES))} x dcp_rank 0 and the last rank x "
-        + ", ".join(f"{l}/{io}" for l, io in LAYOUT_IO_PAIRS)
+        + ", ".join(f"{layout}/{io}" for layout, io in LAYOUT_IO_PAIRS)
         + " x an MLA and an MHA draft. Subset, on each draft path of the tree: dcp 1, 2, 3 and 8 at the "
         "last rank, one layout/io pair each in rotation, both drafts; stress at dcp 2 and 8."
     )
     return "\n".join(rows)
 
 
-BEGIN, END = "<!-- matrix:begin (python test/datapath/matrix.py --write) -->", "<!-- matrix:end -->"
+BEGIN, END = "<!-- matrix:begin (python test/datapath/matrix.py) -->", "<!-- matrix:end -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hicache-datapath.md"
 
 

@@ -11,7 +11,7 @@ pool wrapped).
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from .harness import Case, Counts, HiCacheRun, overflow_as_assertion
 from .substitutions import ReferenceOps

@@ -36,7 +36,7 @@ import importlib
 import sys
 import types
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -206,7 +206,7 @@ class ReferenceOps:
         self._copy("transfer_kv_per_layer_mla_pf_lf", src, src_indices, dst, dst_indices, src_layer=layer_id)
 
     def transfer_kv_all_layer_mla(self, *, src_layers, dst_layers, src_indices, dst_indices, item_size, num_layers):
-        for s, d in zip(self._layers(src_layers)[:num_layers], self._layers(dst_layers)[:num_layers]):
+        for s, d in zip(self._layers(src_layers)[:num_layers], self._layers(dst_layers)[:num_layers], strict=True):
             self._copy("transfer_kv_all_layer_mla", s, src_indices, d, dst_indices)
 
     def transfer_kv_all_layer_mla_lf_pf(
@@ -221,13 +221,13 @@ class ReferenceOps:
         src_layers, dst_layers = list(src_layers), list(dst_layers)
         if len(src_layers) != len(dst_layers):
             raise ValueError(f"transfer_kv_direct: {len(src_layers)} source layers for {len(dst_layers)}")
-        for s, d in zip(src_layers, dst_layers):
+        for s, d in zip(src_layers, dst_layers, strict=True):
             self._copy("transfer_kv_direct", s, src_indices, d, dst_indices)
 
     def transfer_kv_per_layer_direct_pf_lf(
         self, *, src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size
     ):
-        for s, d in zip(src_ptrs, dst_ptrs):  # one page-first-direct buffer per device layer tensor (K, V)
+        for s, d in zip(src_ptrs, dst_ptrs, strict=True):  # one page-first-direct buffer per device layer tensor (K, V)
             self._copy(
                 "transfer_kv_per_layer_direct_pf_lf", s, src_indices, d, dst_indices,
                 src_layer=layer_id, src_page=page_size,
@@ -260,7 +260,7 @@ class ReferenceOps:
         num_layers,
     ):
         for table_src, table_dst in ((src_k_layers, dst_k_layers), (src_v_layers, dst_v_layers)):
-            for s, d in zip(self._layers(table_src)[:num_layers], self._layers(table_dst)[:num_layers]):
+            for s, d in zip(self._layers(table_src)[:num_layers], self._layers(table_dst)[:num_layers], strict=True):
                 self._copy("transfer_kv_all_layer", s, src_indices, d, dst_indices)
 
     def transfer_kv_all_layer_lf_pf(

@@ -6,11 +6,11 @@ import functools
 import inspect
 
 import pytest
-from trees import TREE
 
 from datapath.harness import Case
 from datapath.scenarios import round_trip
-from sglang_dcp_dspark import guard, hostpool, plugin
+from sglang_dcp_dspark import _probes, guard, plugin
+from trees import TREE
 
 pytestmark = pytest.mark.skipif(
     TREE not in ("stock", "plugin"), reason="the plugin's hooks are written for stock 0.5.17 (DCP_DSPARK_TREE stock or plugin)"
@@ -29,7 +29,9 @@ def hook_the_plugin_picks(monkeypatch):
 
     def decide():
         # Judged on sglang's own function: under DCP_DSPARK_TREE=plugin the module attribute is already hooked.
-        judge = lambda: plugin.registration_verdict(stock_registration())  # noqa: E731
+        def judge():
+            return plugin.registration_verdict(stock_registration())
+
         plugin._hook(plugin.DRAFT_REGISTRATION, judge, plugin.size_draft_from_logical, False, plugin._check_only_if_needed())
         (hook,) = picked
         return hook
@@ -57,7 +59,7 @@ def test_injected_probe_failure_stops_at_startup(hook_the_plugin_picks, monkeypa
     def build_pools(g, register=None):
         raise RuntimeError("injected probe failure")
 
-    monkeypatch.setattr(hostpool, "build_pools", build_pools)
+    monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     hook = hook_the_plugin_picks()
     monkeypatch.undo()  # the launch itself builds real pools
     assert hook is plugin.check_draft_registration
@@ -89,5 +91,5 @@ def test_recognised_code_is_hooked_and_byte_exact(hook_the_plugin_picks, dcp):
 
 
 def test_check_only_passes_a_correct_pool_through_byte_exact():
-    sized = functools.partial(plugin.size_draft_from_logical, stock_registration())
+    sized = plugin.fixed_registration(stock_registration())
     round_trip(Case(dcp_size=4), register=functools.partial(plugin.check_draft_registration, sized))

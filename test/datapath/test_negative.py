@@ -6,9 +6,9 @@ import re
 
 import pytest
 import torch
-from datapath.conftest import DRIVEN, plan
 
 from datapath import scenarios
+from datapath.conftest import DRIVEN, plan
 from datapath.harness import DraftHostOverflow, case_from
 from datapath.substitutions import ReferenceOps, RowOutOfBounds
 
@@ -37,7 +37,7 @@ def test_halved_draft_host_pool_never_runs_short(halved_draft_host_pool):
     with its one-line error; the others overflow the draft host pool.
     """
     planned = plan("round_trip")[-1].values[0]
-    with pytest.raises(Exception) as caught:  # noqa: B017 - which one is checked below
+    with pytest.raises(Exception) as caught:  # which one is checked below
         scenarios.round_trip(case_from(planned, draft="mla"))
     if not isinstance(caught.value, DraftHostOverflow):  # the guard's error: the series' or the plugin's class
         # The series' and the plugin's wording; patches/upstream-next's (0.5.23) says "HiCache draft host pool".

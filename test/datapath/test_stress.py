@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from datapath.conftest import plan
 
 from datapath import scenarios
+from datapath.conftest import plan
 from datapath.harness import case_from
 
 

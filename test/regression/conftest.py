@@ -1,6 +1,7 @@
 """Run the regression suite against one sglang tree, named by DCP_DSPARK_TREE.
 
-`make test` runs this directory several times:
+`make test` runs this directory on every tree of patches/trees.json whose
+suite is sglang-0.5.17; today:
 - ``stock`` (default): the installed sglang 0.5.17. Tests marked
   ``regression`` describe the fixed behaviour, so here they must fail with an
   AssertionError; they are strict xfails, and one that passes fails the run.
@@ -13,22 +14,24 @@ Unmarked tests are invariants that must hold on every tree.
 from __future__ import annotations
 
 import pytest
-from trees import TREE, mark_defects
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
+from tree_table import trees_testing
+from trees import TREE, expected_state, mark_defects
+from trees import expect_fixed as _expect_fixed
 
-# The state the 0.5.17 series must be in on the imported tree for each label;
-# a mismatch means the run is not testing what it claims to.
+BACKPORT = "sglang-0.5.17"
+# The state the 0.5.17 series must be in on the imported tree for each label
+# that runs this directory (patches/trees.json); a mismatch means the run is
+# not testing what it claims to. "plugin" is the stock tree, fixed at run time.
 EXPECTED_SERIES_STATE = {
-    "stock": series_mod.State.APPLICABLE,
-    "patched": series_mod.State.APPLIED,
-    "plugin": series_mod.State.APPLICABLE,  # the stock tree, fixed at run time by the installed plugin
+    label: expected_state(label, BACKPORT) for label in trees_testing(BACKPORT)
 }
 
 
 def expect_fixed() -> bool:
-    return TREE != "stock"
+    return _expect_fixed(TREE)
 
 
 def pytest_report_header(config):
@@ -41,7 +44,7 @@ def _tree_is_what_the_label_says():
     if want is None:
         return
     tree = locate_tree(None)
-    got = series_mod.inspect(tree, series_mod.load_series("sglang-0.5.17")).state
+    got = series_mod.inspect(tree, series_mod.load_series(BACKPORT)).state
     assert got is want, f"DCP_DSPARK_TREE={TREE} but {tree.describe()} reads as {got.value}"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import hostpool
+import hostpool
 
 
 @pytest.mark.regression

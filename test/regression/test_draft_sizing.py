@@ -7,7 +7,7 @@ from unittest import mock
 
 import pytest
 
-from sglang_dcp_dspark import hostpool
+import hostpool
 
 DCP_SIZES = (1, 2, 3, 4, 8)
 # dcp 1 has logical_size == size: stock and fixed agree there.
@@ -40,7 +40,7 @@ def test_every_target_slot_indexes_inside_the_draft_buffer(pools, dcp, layout):
         f"fall past the {pair.draft_host_pool.size}-row draft host pool"
     )
     try:
-        pair.touch_draft_rows()
+        hostpool.touch_draft_rows(pair)
     except IndexError as exc:
         raise AssertionError(f"draft host buffer indexed out of bounds: {exc}") from None
 

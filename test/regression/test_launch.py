@@ -10,7 +10,7 @@ import pytest
 
 # Imported before the CUDA probes are patched, so that their import-time
 # is_cuda() checks stay false and CUDA-only kernels are not imported.
-import sglang.srt.configs.model_config  # noqa: F401
+import sglang.srt.configs.model_config
 import sglang.srt.layers.quantization  # noqa: F401
 from sglang.srt.server_args import prepare_server_args
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
-
 from sglang.srt.server_args import ServerArgs
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
@@ -52,9 +50,8 @@ def expected(dcp_size: int, algorithm: str | None, gate: str | None) -> str | No
     if gate == "l3":
         return GATES["l3"]
     if algorithm not in (None, "DSPARK"):
-        # The plugin admits DSPARK and changes nothing else, so other
-        # algorithms keep 0.5.17's wording there; the series takes upstream's.
-        return SPEC_REJECTED if os.environ.get("DCP_DSPARK_TREE") == "plugin" else DSPARK_ONLY
+        # The series and the plugin refuse them in the same words (upstream's).
+        return DSPARK_ONLY
     return GATES[gate]
 
 
@@ -108,3 +105,23 @@ def test_gate_skipped_without_hicache():
     args = server_args(8, "EAGLE", "lmcache")
     args.enable_hierarchical_cache = False
     assert resolve(args) is None
+
+
+def series_refusal() -> str:
+    """The refusal series patch 0001 writes, joined from the string literals it adds."""
+    from pathlib import Path
+
+    (patch,) = (Path(__file__).resolve().parents[2] / "patches" / "sglang-0.5.17").glob("0001-*.patch")
+    added = [ln[1:].strip() for ln in patch.read_text(encoding="utf-8").splitlines() if ln.startswith("+")]
+    literals = [ln.strip('"') for ln in added if ln.startswith('"') and ln.endswith('"')]
+    assert literals and DSPARK_ONLY in "".join(literals), f"patch 0001 no longer adds the refusal: {added}"
+    return "".join(literals)
+
+
+@pytest.mark.regression
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "DSPARK"])
+@pytest.mark.parametrize("gate", [None, "lmcache", "hisparse", "non_mla"])
+def test_other_algorithms_are_refused_in_the_series_words(algorithm, gate):
+    """Plugin parity: whichever carrier fixed the tree, a non-DSPARK draft under DCP + HiCache reads the same."""
+    message = resolve(server_args(8, algorithm, gate))
+    assert message == series_refusal(), f"{algorithm}: {message!r}"

@@ -1,7 +1,7 @@
 """Run the upstream-next suite against one sglang 0.5.23 tree, named by DCP_DSPARK_TREE.
 
-`make test` runs this directory twice, with PYTHONPATH on a tree that
-`make next-trees` builds under build/trees:
+`make test` runs this directory on every tree of patches/trees.json whose
+suite is upstream-next, with PYTHONPATH on that tree (`make next-trees`):
 - ``next-stock``: sglang 0.5.23 as released. Tests marked ``regression``
   describe the draft-aware budget and the guard, so here they must fail with an
   AssertionError (strict xfail).
@@ -13,17 +13,18 @@ imports sglang 0.5.17, which has no draft sidecar.
 from __future__ import annotations
 
 import pytest
-from trees import BUILD_TREES as TREES
-from trees import TREE, imported_tree, mark_defects
 
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
+from tree_table import trees_testing
+from trees import TREE, check_label, expected_state, mark_defects
+from trees import expect_fixed as _expect_fixed
 
 SERIES = "upstream-next"
-# label -> (the directory the imported sglang must come from, the state the series must be in there)
+# label -> (the directory the imported sglang must come from, the state the series must be in there),
+# both from patches/trees.json
 TREE_DIRS = {
-    "next-stock": (TREES / "sglang-0.5.23", series_mod.State.APPLICABLE),
-    "next-patched": (TREES / "sglang-0.5.23-next", series_mod.State.APPLIED),
+    label: (t.path, expected_state(label, SERIES)) for label, t in trees_testing(SERIES).items()
 }
 
 if TREE not in TREE_DIRS:
@@ -31,7 +32,7 @@ if TREE not in TREE_DIRS:
 
 
 def expect_fixed() -> bool:
-    return TREE == "next-patched"
+    return _expect_fixed(TREE)
 
 
 def pytest_report_header(config):
@@ -47,11 +48,8 @@ def series() -> series_mod.Series:
 @pytest.fixture(scope="session", autouse=True)
 def tree(series):
     """The sglang tree this interpreter imports, checked against the label by path and by series state."""
-    want_dir, want_state = TREE_DIRS[TREE]
-    found = imported_tree(want_dir)
-    status = series_mod.inspect(found, series)
-    assert status.state is want_state, status.line()
-    return found
+    want_dir, _ = TREE_DIRS[TREE]
+    return check_label(series, want_dir)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,9 +12,9 @@ controller's transfer streams.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Iterator
 from unittest import mock
 
 # DeepSeek-V3-like MLA geometry: 576 dims in bf16 is 1,152 bytes per token per layer.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import draft_paths, hostpool
+import hostpool
+from sglang_dcp_dspark import draft_paths
 
 DCP_SIZES = (1, 2, 4, 8)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trees import run_upstream_test_file
 
 from .conftest import expect_fixed

@@ -1,19 +1,21 @@
-"""Real sglang HiCache host pools on CPU, and how much of the logical slot space the draft covers.
+"""Real sglang HiCache pools on CPU, for the plugin's probes and the ``coverage`` command.
 
-Nothing here models sglang: it builds sglang's own ``MLATokenToKVPool`` and
+Private: what the plugin asks of sglang before it hooks it. Nothing here
+models sglang: it builds sglang's own ``MLATokenToKVPool`` and
 ``MLATokenToKVPoolHost`` objects (device "cpu", pinned memory off) and
 registers the draft through whatever ``maybe_register_hicache_draft`` the
 imported sglang has, stock, patched or hooked by the plugin. Only the objects
 around the pools that need a GPU scheduler are stand-ins: the tree cache, its
-cache controller and the draft worker.
+cache controller and the draft worker. Helpers only tests use live in
+``test/pools.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Iterator
 from unittest import mock
 
 # MLA KV geometry of DeepSeek-V2/V3 (kv_lora_rank 512 + rope 64), small enough
@@ -85,36 +87,27 @@ class PoolPair:
         rows = self.draft_rows_for(self.allocatable_slots())
         return int((rows >= self.draft_host_pool.size).sum())
 
-    def touch_draft_rows(self) -> None:
-        """Index the real draft buffer with every slot the target can allocate.
 
-        Raises IndexError where the draft host pool is too small: on CPU that
-        is the out-of-bounds write that a GPU reports as an invalid argument.
-        """
-        draft = self.draft_host_pool
-        rows = self.draft_rows_for(self.allocatable_slots())
-        if draft.layout == "layer_first":  # [layer, row, 1, dim]
-            draft.kv_buffer[:, rows]
-        elif draft.layout == "page_first":  # [row, layer, 1, dim]
-            draft.kv_buffer[rows]
-        else:  # page_first_direct: [page, layer, row in page, 1, dim]
-            draft.kv_buffer[rows // draft.page_size, :, rows % draft.page_size]
-
-
-def _mla_device_pool(rows: int, page_size: int, layers: int, g: Geometry):
+def mla_device_pool(rows: int, page_size: int, layers: int, *, kv_lora_rank: int = KV_LORA_RANK,
+                    qk_rope_head_dim: int = QK_ROPE_HEAD_DIM, dtype: str = "bfloat16", device: str = "cpu"):
+    """sglang's own MLA device pool: the one builder the probes, :mod:`sizing` (on "meta") and the draft paths use."""
     import torch
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
     return MLATokenToKVPool(
         size=rows,
         page_size=page_size,
-        dtype=torch.bfloat16,
-        kv_lora_rank=g.kv_lora_rank,
-        qk_rope_head_dim=g.qk_rope_head_dim,
+        dtype=getattr(torch, dtype),
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
         layer_num=layers,
-        device="cpu",
+        device=device,
         enable_memory_saver=False,
     )
+
+
+def _device_pool(g: Geometry, rows: int, page_size: int, layers: int):
+    return mla_device_pool(rows, page_size, layers, kv_lora_rank=g.kv_lora_rank, qk_rope_head_dim=g.qk_rope_head_dim)
 
 
 def build_target_host_pool(g: Geometry, device_pool=None, hicache_size_gb: float | None = None):
@@ -122,7 +115,7 @@ def build_target_host_pool(g: Geometry, device_pool=None, hicache_size_gb: float
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
     if device_pool is None:
-        device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
+        device_pool = _device_pool(g, g.device_rows, g.page_size, g.target_layers)
     return MLATokenToKVPoolHost(
         device_pool,
         g.host_ratio,
@@ -136,7 +129,7 @@ def build_target_host_pool(g: Geometry, device_pool=None, hicache_size_gb: float
     )
 
 
-class _ControllerStandIn:
+class ControllerStandIn:
     """The part of HiCacheController that draft registration talks to."""
 
     def __init__(self, target_host_pool) -> None:
@@ -150,9 +143,9 @@ class _ControllerStandIn:
         self.mem_pool_host_draft = draft_host_pool
 
 
-def _draft_device_pool(g: Geometry):
+def build_draft_device_pool(g: Geometry):
     # The replicated draft is indexed by the target's logical slots.
-    return _mla_device_pool(g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers, g)
+    return _device_pool(g, g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers)
 
 
 def _draft_worker(draft_device_pool) -> SimpleNamespace:
@@ -184,8 +177,8 @@ def draft_registration_args(target_host_pool, g: Geometry, draft_device_pool=Non
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return dict(
-        tree_cache=SimpleNamespace(cache_controller=_ControllerStandIn(target_host_pool)),
-        draft_worker=_draft_worker(draft_device_pool if draft_device_pool is not None else _draft_device_pool(g)),
+        tree_cache=SimpleNamespace(cache_controller=ControllerStandIn(target_host_pool)),
+        draft_worker=_draft_worker(draft_device_pool if draft_device_pool is not None else build_draft_device_pool(g)),
         spec_algorithm=SpeculativeAlgorithm.DSPARK,
         server_args=server_args_for(g),
         enable_hierarchical_cache=True,
@@ -201,7 +194,7 @@ def scheduler_stand_in(g: Geometry, server_args=None) -> SimpleNamespace:
     """
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    target_device_pool = _mla_device_pool(g.device_rows, g.page_size, g.target_layers, g)
+    target_device_pool = _device_pool(g, g.device_rows, g.page_size, g.target_layers)
     runner = SimpleNamespace(token_to_kv_pool=target_device_pool, memory_pool_config=None)
     return SimpleNamespace(
         server_args=server_args if server_args is not None else server_args_for(g),
@@ -209,37 +202,8 @@ def scheduler_stand_in(g: Geometry, server_args=None) -> SimpleNamespace:
         enable_hierarchical_cache=True,
         init_target_memory_pool=lambda: None,
         tp_worker=SimpleNamespace(model_runner=runner, get_memory_pool=lambda: (None, None)),
-        draft_worker=_draft_worker(_draft_device_pool(g)),
+        draft_worker=_draft_worker(build_draft_device_pool(g)),
     )
-
-
-def start_hicache(g: Geometry, *, init_memory_pools: Callable | None = None, register: Callable | None = None):
-    """The scheduler's HiCache start-up on real pools: memory pools, target host pool, draft registration.
-
-    ``init_memory_pools`` and ``register`` default to the imported sglang's
-    ``Scheduler.init_memory_pools`` and ``maybe_register_hicache_draft``,
-    looked up at call time, so a patched tree or the plugin's hooks run.
-    Returns the pools and the server args as the scheduler left them.
-    """
-    if init_memory_pools is None:
-        from sglang.srt.managers.scheduler import Scheduler
-
-        init_memory_pools = Scheduler.init_memory_pools
-    if register is None:
-        from sglang.srt.mem_cache import kv_cache_builder
-
-        register = kv_cache_builder.maybe_register_hicache_draft
-    scheduler = scheduler_stand_in(g)
-    init_memory_pools(scheduler)
-    args = scheduler.server_args
-    target = build_target_host_pool(
-        g, device_pool=scheduler.tp_worker.model_runner.token_to_kv_pool, hicache_size_gb=args.hicache_size
-    )
-    kwargs = draft_registration_args(target, g, scheduler.draft_worker.draft_worker.draft_runner.token_to_kv_pool)
-    kwargs["server_args"] = args
-    with unpinned_host_memory():
-        register(**kwargs)
-    return PoolPair(g, target, kwargs["tree_cache"].cache_controller.mem_pool_host_draft), args
 
 
 @contextlib.contextmanager

@@ -1,0 +1,95 @@
+"""What every hook module shares: the verdict a probe reaches, the view it hands sglang, quiet probes."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FIXED_UPSTREAM_IN = "0.5.18"
+# The release whose code the hooks were written against and tested on.
+WRITTEN_FOR = "0.5.17"
+
+
+class Verdict(enum.Enum):
+    NEEDS_FIX = "needs the fix"
+    FIXED = "already fixed"
+    UNRECOGNISED = "not recognised"
+    OUT_OF_SCOPE = "not for this release"
+
+
+@dataclass(frozen=True)
+class Finding:
+    target: str
+    verdict: Verdict
+    detail: str
+
+
+class Overlay:
+    """Another object, seen with a few attributes replaced.
+
+    Reads of other attributes and every write go to the real object, so code
+    that is handed an overlay changes the real one. ``__class__`` reports the
+    real class, so sglang's isinstance checks see through it.
+    """
+
+    def __init__(self, target: object, **replaced: object) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_replaced", replaced)
+
+    @property
+    def __class__(self):  # isinstance() consults this
+        return type(object.__getattribute__(self, "_target"))
+
+    def __getattr__(self, name: str):
+        replaced = object.__getattribute__(self, "_replaced")
+        if name in replaced:
+            return replaced[name]
+        return getattr(object.__getattribute__(self, "_target"), name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        setattr(object.__getattribute__(self, "_target"), name, value)
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Keep sglang's log lines about the probe's tiny pools out of the log.
+
+    Lines like "KV Cache is allocated ... #tokens: 64" would read as the real
+    pools' in the launcher. The probe's outcome is reported by the decision
+    line instead. Probes run single-threaded inside an import or load_plugins().
+    """
+    sglang_logger = logging.getLogger("sglang")
+    level = sglang_logger.level
+    sglang_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        sglang_logger.setLevel(level)
+
+
+def version_at_least(version: str | None, floor: str) -> bool:
+    from ..compat import parse_version
+
+    parsed = parse_version(version)
+    return parsed is not None and parsed >= parse_version(floor)
+
+
+def by_version(target: str, why: str) -> Finding:
+    """Behaviour was inconclusive: a release that carries the fix upstream is fine, anything else is unknown."""
+    from ..compat import installed_sglang_version
+
+    version = installed_sglang_version()
+    if version_at_least(version, FIXED_UPSTREAM_IN):
+        return Finding(target, Verdict.FIXED, f"sglang {version} carries the fix upstream ({why})")
+    return Finding(target, Verdict.UNRECOGNISED, f"sglang {version or 'of unknown version'}: {why}")
+
+
+def first_call() -> None:
+    """Every hook's first line: write the decisions if sglang's logging is set up by now (see plugin)."""
+    # Imported here: plugin imports the hook modules to build its table.
+    from .. import plugin
+
+    plugin._first_call()

@@ -1,0 +1,93 @@
+"""Hook on ``sglang.srt.server_args``: the HiCache + DCP gate admits DSPARK (series patch 0001)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
+
+MODULE = "sglang.srt.server_args"
+RESOLVER = f"{MODULE}.ServerArgs._resolve_hicache_dcp_compatibility"
+# Series patch 0001's wording (and upstream 0.5.18's), so that a user reads the
+# same refusal whichever carrier fixed the tree.
+DSPARK_ONLY = (
+    "HiCache with --dcp-size > 1 only supports DSPARK speculative decoding; "
+    "other draft-model host pools have no DCP index translation."
+)
+
+
+class _ResolverProbe:
+    """The fields the 0.5.17 HiCache+DCP gate reads, for one launch it should judge."""
+
+    def __init__(self, speculative_algorithm: str | None) -> None:
+        self.dcp_size = 2
+        self.enable_hierarchical_cache = True
+        self.hicache_storage_backend = None
+        self.speculative_algorithm = speculative_algorithm
+        self.enable_lmcache = False
+        self.enable_hisparse = False
+
+    def use_mla_backend(self) -> bool:
+        return True
+
+
+def _gate_outcome(resolve: Callable, algorithm: str | None) -> str:
+    try:
+        resolve(_ResolverProbe(algorithm))
+    except NotImplementedError:
+        return "rejected"
+    except Exception as exc:  # reads a field 0.5.17 does not have: another resolver
+        return f"error: {type(exc).__name__}: {exc}"
+    return "admitted"
+
+
+def resolver_verdict(resolve: Callable | None = None) -> Finding:
+    """Does this resolver reject DSPARK under DCP + HiCache, and is it the gate we know?"""
+    if resolve is None:
+        from sglang.srt.server_args import ServerArgs
+
+        resolve = getattr(ServerArgs, "_resolve_hicache_dcp_compatibility", None)
+    if resolve is None:
+        return by_version(RESOLVER, "ServerArgs has no _resolve_hicache_dcp_compatibility")
+    with probing():
+        plain, dspark, eagle = (_gate_outcome(resolve, a) for a in (None, "DSPARK", "EAGLE"))
+    if plain != "admitted" or eagle != "rejected" or dspark.startswith("error"):
+        return by_version(RESOLVER, f"gate probe: no draft {plain}, EAGLE {eagle}, DSPARK {dspark}")
+    if dspark == "admitted":
+        return Finding(RESOLVER, Verdict.FIXED, "the resolver already admits DSPARK under DCP + HiCache")
+    return Finding(RESOLVER, Verdict.NEEDS_FIX, "the resolver rejects DSPARK under DCP + HiCache")
+
+
+def _under_the_gate(server_args) -> bool:
+    return bool(server_args.speculative_algorithm) and server_args.dcp_size > 1 and server_args.enable_hierarchical_cache
+
+
+def admit_dspark(original: Callable, server_args, *args, **kwargs):
+    """AROUND hook for the resolver.
+
+    0.5.17 refuses every draft algorithm because draft host pools had no DCP
+    index translation. DSPARK's draft KV is replicated and indexed by logical
+    slots, so once its host pool spans ``logical_size`` (the registration
+    hook) it needs none. The remaining gates (L3 storage, LMCache, HiSparse,
+    non-MLA) still judge the launch: sglang's own gate runs on a view without
+    the draft. Other algorithms are refused in the series' words, at the
+    place in the gate order where sglang refuses them.
+    """
+    first_call()
+    if not _under_the_gate(server_args):
+        return original(server_args, *args, **kwargs)
+    without_draft = Overlay(server_args, speculative_algorithm=None)
+    if server_args.speculative_algorithm == "DSPARK":
+        return original(without_draft, *args, **kwargs)
+    try:
+        return original(server_args, *args, **kwargs)
+    except NotImplementedError as refused:
+        # Which gate refused? One that still refuses without the draft, with
+        # the same words, is another gate (L3 comes before the draft gate):
+        # its message stands. Otherwise the draft gate did, in 0.5.17's words.
+        try:
+            original(without_draft, *args, **kwargs)
+        except NotImplementedError as other:
+            if str(other) == str(refused):
+                raise
+        raise NotImplementedError(DSPARK_ONLY) from None

@@ -1,0 +1,60 @@
+"""Generated blocks in README.md and docs/: each is what its command prints now, and none goes unchecked.
+
+test/docblocks.py finds the blocks. The one slow command here (bench/host_memory.py,
+mostly an sglang import) starts when this module is collected and runs while
+the rest of the session does; the coverage blocks are checked in-process by
+the runs on their own trees (test/upstream_pr/test_docs.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import docblocks
+import tree_table
+
+# block name -> the test file that checks it is fresh
+FRESHNESS = {
+    "host-memory": "test/test_docs.py",
+    "coverage-pr-base": "test/upstream_pr/test_docs.py",
+    "coverage-pr-patched": "test/upstream_pr/test_docs.py",
+    "pr-trees": "test/test_docs.py",
+    "next-trees": "test/test_docs.py",
+    "matrix": "test/datapath/test_docs.py",
+    "preflight": "test/test_preflight.py",
+}
+# Commands that import sglang: started at collection, checked at the end.
+SLOW = ("host-memory",)
+docblocks.start(docblocks.block(name).command for name in SLOW)
+# "N passed", "N xfailed"...: a count that is stale the day a test is added.
+TEST_COUNT = re.compile(r"\b\d+ (passed|failed|xfailed|xpassed|skipped|errors?|deselected)\b")
+
+
+def test_every_generated_block_has_a_freshness_test():
+    found = docblocks.blocks()
+    assert found, "no generated blocks found in the docs"
+    for block in found:
+        checker = FRESHNESS.get(block.name)
+        assert checker, f"{block.doc.name}: block {block.name} has no freshness test; add it to FRESHNESS here"
+        assert block.name in (docblocks.REPO / checker).read_text(encoding="utf-8"), (block.name, checker)
+    assert sorted(b.name for b in found) == sorted(set(b.name for b in found)), "block names must be unique"
+
+
+@pytest.mark.parametrize("name,series", [("pr-trees", "upstream-pr-35221"), ("next-trees", "upstream-next")])
+def test_tree_tables_are_fresh(name, series):
+    """The docs' tree tables are patches/trees.json's (the states themselves: test/test_tree_table.py)."""
+    docblocks.check(name, tree_table.markdown(series))
+
+
+@pytest.mark.parametrize("name", SLOW)
+def test_command_output_blocks_are_fresh(name):
+    docblocks.check(name)
+
+
+def test_no_test_counts_in_the_docs():
+    for doc in docblocks.DOCS:
+        text = doc.read_text(encoding="utf-8")
+        counts = [m.group(0) for m in TEST_COUNT.finditer(text)]
+        assert counts == [], f"{doc.name} quotes test counts {counts}; say what the tests check instead"
