@@ -34,27 +34,18 @@ def scheduler_like(queue) -> None:
 
 
 def launch(model: str, algorithm: str) -> str:
-    from types import SimpleNamespace
-    from unittest import mock
-
     from sglang.srt.server_args import prepare_server_args
 
-    props = SimpleNamespace(name="NVIDIA H200", total_memory=141 << 30, major=9, minor=0, multi_processor_count=132)
-    probes = {"is_available": True, "device_count": 8, "get_device_capability": (9, 0),
-              "get_device_properties": props, "get_device_name": props.name, "mem_get_info": (140 << 30, 141 << 30)}
-    patches = [mock.patch(f"torch.cuda.{k}", return_value=v) for k, v in probes.items()]
-    for p in patches:
-        p.start()
+    from sglang_dcp_dspark.preflight import Node, emulated_node
+
     try:
-        prepare_server_args(["--model-path", model, "--device", "cuda", "--tp", "8", "--dcp-size", "8",
-                             "--enable-hierarchical-cache", "--speculative-algorithm", algorithm,
-                             "--speculative-draft-model-path", model])
+        with emulated_node(Node()):  # 8 x H200, the probes argument resolution asks
+            prepare_server_args(["--model-path", model, "--device", "cuda", "--tp", "8", "--dcp-size", "8",
+                                 "--enable-hierarchical-cache", "--speculative-algorithm", algorithm,
+                                 "--speculative-draft-model-path", model])
         return "passes"
     except NotImplementedError as exc:
         return f"rejected: {exc}"
-    finally:
-        for p in patches:
-            p.stop()
 
 
 def main(model: str, spawn: bool) -> None:

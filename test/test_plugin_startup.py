@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from tree_table import TREES as TREE_TABLE
 from trees import BUILD_TREES
 
 CHILD = Path(__file__).parent / "plugin_startup.py"
-TREES = {"0.5.17": None, "0.5.18": BUILD_TREES / "sglang-0.5.18", "0.5.23": BUILD_TREES / "sglang-0.5.23"}
+# The stock releases, from the trees table: the venv's own sglang has no directory there.
+TREES = {t.sglang: BUILD_TREES / t.dir if t.dir else None for t in map(TREE_TABLE.get, ("stock", "upstream-0.5.18", "next-stock"))}
 # sglang's configured format: "[date time prefix] message" (configure_logger, prefix " TP0" here).
 CONFIGURED = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] "
 RESOLVER = "sglang.srt.server_args.ServerArgs._resolve_hicache_dcp_compatibility"

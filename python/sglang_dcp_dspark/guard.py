@@ -22,6 +22,7 @@ class Remedy(enum.Enum):
     """Why the draft host pool came out short, which decides the fix to print."""
 
     PLUGIN_OFF = "plugin_off"  # sglang skipped the plugin or it was switched off
+    NOT_INSTALLED = "not_installed"  # on by the environment, but sglang cannot find its entry point
     SHADOWED = "shadowed"  # the plugin's sizing hook ran, but something under it sized the pool
     SERIES_MISSING = "series_missing"  # the plugin does not recognise this registration: only the series fixes it
 
@@ -30,6 +31,10 @@ SERIES_FIX = "run `sglang-dcp-dspark apply` (the series for sglang 0.5.17) or up
 
 REMEDY = {
     Remedy.PLUGIN_OFF: f"fix: turn the dcp_dspark plugin on ({switch.TURN_ON}), or {SERIES_FIX}",
+    Remedy.NOT_INSTALLED: (
+        "fix: pip install sglang-dcp-dspark into the Python environment sglang runs in (sglang finds plugins "
+        f"through installed entry points only), or {SERIES_FIX}"
+    ),
     Remedy.SHADOWED: (
         "fix: another hook or edit replaced maybe_register_hicache_draft under the dcp_dspark plugin's hook "
         "(see sglang's 'Applied N hook(s) to ...maybe_register_hicache_draft' log line); remove it, or " + SERIES_FIX
@@ -38,9 +43,14 @@ REMEDY = {
 }
 
 
-def remedy_for(environ: Mapping[str, str] = os.environ) -> Remedy:
-    """The likely case when the caller does not know it: plugin off if it is, else only the series would do."""
-    return Remedy.SERIES_MISSING if switch.plugin_state(environ).enabled else Remedy.PLUGIN_OFF
+def remedy_for(environ: Mapping[str, str] = os.environ, installed: bool | None = None) -> Remedy:
+    """The likely case when the caller does not know it: plugin off, plugin not installed, else only the series would do."""
+    if not switch.plugin_state(environ).enabled:
+        return Remedy.PLUGIN_OFF
+    # A source checkout on PYTHONPATH imports this package but never loads as a plugin.
+    if not (switch.entry_point_installed() if installed is None else installed):
+        return Remedy.NOT_INSTALLED
+    return Remedy.SERIES_MISSING
 
 
 class DraftHostPoolTooSmall(StartupError):

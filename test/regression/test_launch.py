@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from types import SimpleNamespace
-from unittest import mock
-
 import pytest
 
 # Imported before the CUDA probes are patched, so that their import-time
@@ -14,32 +10,15 @@ import sglang.srt.configs.model_config
 import sglang.srt.layers.quantization  # noqa: F401
 from sglang.srt.server_args import prepare_server_args
 
+from sglang_dcp_dspark.preflight import Node, emulated_node
+
 GATE_MESSAGE = "HiCache with --dcp-size > 1"
-
-
-@contextlib.contextmanager
-def h200_node(gpus: int = 8):
-    """Only the hardware probes sglang asks during argument resolution."""
-    props = SimpleNamespace(
-        name="NVIDIA H200", total_memory=141 * 1024**3, major=9, minor=0, multi_processor_count=132
-    )
-    with contextlib.ExitStack() as stack:
-        for name, value in {
-            "is_available": True,
-            "device_count": gpus,
-            "get_device_capability": (9, 0),
-            "get_device_properties": props,
-            "get_device_name": props.name,
-            "mem_get_info": (140 * 1024**3, 141 * 1024**3),
-        }.items():
-            stack.enter_context(mock.patch(f"torch.cuda.{name}", return_value=value))
-        yield
 
 
 def launch(model, *extra: str):
     argv = ["--model-path", str(model), "--device", "cuda", "--tp", "8", "--dcp-size", "8",
             "--enable-hierarchical-cache", *extra]
-    with h200_node():
+    with emulated_node(Node()):  # 8 x H200: the probes argument resolution asks, as preflight answers them
         return prepare_server_args(argv)
 
 
