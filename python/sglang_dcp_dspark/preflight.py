@@ -391,10 +391,10 @@ def size_pools(args, node: Node, target_config: dict, draft_config: dict | None,
     need_rank = result.target.bytes + (draft.bytes if draft else 0)
     if split is not None:
         budget_rank = int(args.hicache_size * 1e9)
-        budget_from = (f"--hicache-size {args.hicache_size:g} GB, target + draft: {split.target_share:.1%} to the target "
+        budget_from = (f"--hicache-size {args.hicache_size:g} (decimal GB, = {_gib(int(args.hicache_size * 1e9))}), target + draft: {split.target_share:.1%} to the target "
                        f"(unbudgeted, as sglang 0.5.18+ or {budget.UNBUDGETED_ENV}=1: {_gib(unbudgeted_rank)} per rank)")
     elif args.hicache_size:
-        budget_rank, budget_from = int(args.hicache_size * 1e9), f"--hicache-size {args.hicache_size:g} GB (target pool only)"
+        budget_rank, budget_from = int(args.hicache_size * 1e9), f"--hicache-size {args.hicache_size:g} (decimal GB, = {_gib(int(args.hicache_size * 1e9))}; target pool only)"
     else:
         budget_rank, budget_from = result.target.bytes, f"--hicache-ratio {args.hicache_ratio:g} (target pool only)"
     if node.host_ram_gib is not None:
