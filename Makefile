@@ -43,13 +43,16 @@ lint: setup
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
 # is its --markdown output); the plugin's import cost with 3 pairs of fresh
 # processes rather than the script's default 5; preflight's peak RSS at 1x,
-# 10x and 100x the device rows against a bare sglang import; and the HiCache
-# bytes moved per token, counted in a data-path run on the patched tree.
-bench: setup trees
+# 10x and 100x the device rows against a bare sglang import; the HiCache bytes
+# moved per token, counted in a data-path run on the patched tree; and
+# the sharded draft backup (upstream-next 0005-0007) against the replicated one
+# on real multi-process DCP groups of 2, 4 and 8 ranks.
+bench: setup trees next-trees
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py --repeats 3
 	$(BIN)/python bench/preflight_cost.py
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
+	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
 
 # pytest runs once per sglang tree of patches/trees.json, with PYTHONPATH on
 # that tree and DCP_DSPARK_TREE naming it (the table's test_dirs say which

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 import hostpool
 from sglang_dcp_dspark import sizing
+from trees import load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "host_memory.py"
 DCP = 2
 DEVICE_ROWS = 1024
 PAGE = 64
@@ -21,12 +17,7 @@ BUDGET_GB = 0.01
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_host_memory", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the file executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("host_memory")
 
 
 @pytest.fixture(scope="module")

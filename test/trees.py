@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 import unittest
 from pathlib import Path
 
@@ -23,6 +24,17 @@ from tree_table import BUILD_TREES, TREES
 
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 __all__ = ["BUILD_TREES", "TREE", "TREES"]
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (the benches are scripts, not a package), registered in sys.modules."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the file executes.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def expected_state(label: str, series: str) -> series_mod.State:

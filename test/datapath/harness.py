@@ -12,7 +12,9 @@ and every HiCache launch of 0.5.23) the cache is instead the tree's
 ``HybridCacheController`` over a ``HostPoolGroup``; the registration then puts
 the draft in that group as a sidecar (``hybrid_pool_assembler.build_full_draft_pools``).
 
-What stands in for a scheduler: a 1-rank gloo process group, sglang's own
+What stands in for a scheduler: a 1-rank gloo process group (in :mod:`ranks`,
+the gloo world of a real multi-process DCP group, with sglang's own DCP
+``GroupCoordinator`` over it), sglang's own
 ``get_parallel().override(...)`` for the DCP rank, ``server_args`` as a
 namespace of the fields these objects read, and on the sidecar path the
 registry's build context (a namespace: the model flags, and a ``tp_worker``
@@ -68,6 +70,9 @@ class Case:
     mha_heads: int = 2
     mha_head_dim: int = 8
     device: str = "cpu"
+    # --hicache-draft-backup (0.5.23 + upstream-next): "replicated" (every rank backs up the whole
+    # draft) or "sharded" (each rank its DCP stripe; needs the rank's real DCP group: ranks.py)
+    draft_backup: str = "replicated"
 
     @property
     def logical_page(self) -> int:
@@ -79,9 +84,10 @@ class Case:
 
     def label(self) -> str:
         path = "" if self.draft_path == "default" else f" {self.draft_path}"
+        backup = "" if self.draft_backup == "replicated" else f" {self.draft_backup} backup"
         return (
             f"dcp{self.dcp_size} rank{self.dcp_rank} {self.layout}/{self.io_backend} "
-            f"{self.draft} draft{path}"
+            f"{self.draft} draft{path}{backup}"
         )
 
 
@@ -144,28 +150,34 @@ def _server_args(case: Case) -> SimpleNamespace:
 
 
 @contextlib.contextmanager
-def _runtime_overrides(case: Case, server_args) -> Iterator[None]:
-    """This process as one DCP rank, through sglang's own runtime context."""
+def _runtime_overrides(case: Case, server_args, dcp_group=None) -> Iterator[None]:
+    """This process as one DCP rank, through sglang's own runtime context.
+
+    ``dcp_group``: the rank's real DCP ``GroupCoordinator`` (ranks.py), which a
+    sharded draft backup all-gathers over; without one, no DCP group is set.
+    """
     from sglang.srt import runtime_context
 
     with contextlib.ExitStack() as stack:
         get_context = getattr(runtime_context, "get_context", None)
         if get_context is not None and hasattr(get_context(), "override_server_args"):
             # 0.5.18+ read the HiCache sizing fields from the published config bags.
+            backup = {} if case.draft_backup == "replicated" else {"hicache_draft_backup": case.draft_backup}
             stack.enter_context(get_context().override_server_args(
                 hicache_ratio=case.host_ratio, hicache_size=0, hicache_mem_layout=case.layout,
                 hicache_io_backend=case.io_backend, hicache_write_policy="write_through",
-                hicache_storage_backend=None, dcp_size=case.dcp_size, tp_size=case.dcp_size,
+                hicache_storage_backend=None, dcp_size=case.dcp_size, tp_size=case.dcp_size, **backup,
             ))
+        group = {} if dcp_group is None else {"dcp_group": dcp_group}
         stack.enter_context(runtime_context.get_parallel().override(
             dcp_enabled=case.dcp_size > 1, dcp_size=case.dcp_size, dcp_rank=case.dcp_rank,
-            attn_dcp_size=case.dcp_size, attn_dcp_rank=case.dcp_rank,
+            attn_dcp_size=case.dcp_size, attn_dcp_rank=case.dcp_rank, **group,
         ))
         yield
 
 
 def _process_group():
-    """A 1-rank gloo group: HiRadixCache all-reduces its ready counts over it."""
+    """The group HiRadixCache all-reduces its ready counts over: WORLD of a multi-rank run (ranks.py), else 1 rank."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -307,8 +319,11 @@ class HiCacheRun:
     """
 
     def __init__(self, case: Case, *, register: Callable | None = None, ops: ReferenceOps | None = None,
-                 seed: int = 0, cuda: bool = False, kernel_ops: object | None = None) -> None:
+                 seed: int = 0, cuda: bool = False, kernel_ops: object | None = None, dcp_group=None,
+                 on_built: Callable[[HiCacheRun], None] | None = None) -> None:
         self.case = case
+        self.dcp_group = dcp_group
+        self.on_built = on_built  # called once the pools exist: a multi-rank run's observers and sabotage
         self.register = register
         self.ops = ops if ops is not None else ReferenceOps()
         self.seed = seed
@@ -337,7 +352,7 @@ class HiCacheRun:
         case = self.case
         self._stack.enter_context(substituted(self.ops, cuda=self.cuda, kernel_ops=self.kernel_ops))
         self.server_args = _server_args(case)
-        self._stack.enter_context(_runtime_overrides(case, self.server_args))
+        self._stack.enter_context(_runtime_overrides(case, self.server_args, self.dcp_group))
         group = _process_group()
 
         self.target_device = _mla_pool(case, case.device_rows, case.page_size, case.target_layers)
@@ -389,6 +404,8 @@ class HiCacheRun:
         self._count_host_evictions()
 
         self.oracle = Oracle(self._target_row_shape(), self._draft_row_shape(), self.seed)
+        if self.on_built is not None:
+            self.on_built(self)
 
     def _shutdown(self) -> None:
         # HiRadixCache registers an atexit hook; nothing else outlives the run.
@@ -578,6 +595,17 @@ class HiCacheRun:
     @property
     def host_logical_slots(self) -> int:
         return self.target_host.logical_size
+
+    @property
+    def draft_host_bytes(self) -> int:
+        """Bytes the draft host pool allocated: its buffers' storages, each counted once."""
+        storages = {}
+        for attr in ("kv_buffer", "k_buffer", "v_buffer"):
+            value = getattr(self.draft_host, attr, None)
+            for t in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(t, torch.Tensor):
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
 
 
 def case_from(planned, **changes) -> Case:

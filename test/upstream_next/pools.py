@@ -32,6 +32,7 @@ class Rank:
     hicache_size: int = 0  # GB, as --hicache-size
     hicache_ratio: float = 2.0
     host_memory: int = 1 << 50  # bytes the host budget snapshot allows
+    draft_backup: str = "replicated"  # --hicache-draft-backup (upstream-next 0005); "sharded": one stripe per rank
 
 
 @dataclass
@@ -79,12 +80,15 @@ def on_rank(rank: Rank) -> Iterator[None]:
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.runtime_context import get_context, get_parallel
 
+    # The field exists only with patch 0005: left out on replicated, the build is stock 0.5.23's too.
+    backup = {} if rank.draft_backup == "replicated" else {"hicache_draft_backup": rank.draft_backup}
     with contextlib.ExitStack() as stack:
         stack.enter_context(get_context().override_server_args(
             hicache_size=rank.hicache_size, hicache_ratio=rank.hicache_ratio, hicache_mem_layout="layer_first",
-            dcp_size=rank.dcp_size, tp_size=rank.dcp_size,
+            dcp_size=rank.dcp_size, tp_size=rank.dcp_size, **backup,
         ))
-        stack.enter_context(get_parallel().override(attn_dcp_rank=0))
+        # A sharded draft pool keeps the DCP group for its load-back all-gathers; nothing is moved here.
+        stack.enter_context(get_parallel().override(attn_dcp_rank=0, dcp_group=mock.MagicMock()))
         # One budget snapshot, as auto-sizing books pools: the check no longer depends on this machine's RAM.
         stack.enter_context(host_memory_budget_scope(rank.host_memory))
         stack.enter_context(mock.patch.object(common, "_cuda_host_register", lambda *a, **k: None))
