@@ -109,3 +109,57 @@ def test_a_host_budget_short_of_the_draft_fails_at_startup():
     fits = build(8)
     with pytest.raises(ValueError, match="Not enough host memory"):
         build(8, host_memory=fits.target_bytes)
+
+
+# --hicache-draft-backup sharded (patches 0005-0007): one DCP stripe of the draft per rank.
+
+
+def _sharded(dcp: int, **kw) -> P.Pools:
+    import importlib.util
+
+    # On stock 0.5.23 the switch does not exist: say so as the AssertionError a regression xfail expects.
+    assert importlib.util.find_spec("sglang.srt.mem_cache.pool_host.dcp_draft"), "no --hicache-draft-backup here"
+    return build(dcp, draft_backup="sharded", **kw)
+
+
+@pytest.mark.regression
+@pytest.mark.parametrize("dcp", [2, 8])
+def test_a_sharded_draft_sidecar_has_the_target_rows(dcp):
+    """The issue example sharded: at DCP8 the draft pins 1/8 of the 9.22 GB per rank, the rows of its stripe."""
+    replicated, sharded = build(dcp), _sharded(dcp)
+    assert sharded.target_host.size == replicated.target_host.size == 1_000_064
+    assert sharded.draft_host.size == sharded.target_host.size
+    assert sharded.draft_host.logical_size == sharded.target_host.logical_size
+    assert sharded.draft_bytes * dcp == replicated.draft_bytes
+
+
+@pytest.mark.regression
+def test_sharded_hicache_size_gives_the_draft_share_back_to_the_target():
+    replicated, sharded = build(8, hicache_size=HICACHE_SIZE_GB), _sharded(8, hicache_size=HICACHE_SIZE_GB)
+    assert sharded.pinned_bytes <= HICACHE_SIZE_GB * 1e9 + sharded.page_bytes
+    assert sharded.target_host.size > replicated.target_host.size
+    # The split is t / (t + d) whatever dcp is: what dcp 1 gets.
+    assert sharded.target_host.size == build(1, hicache_size=HICACHE_SIZE_GB).target_host.size
+
+
+@pytest.mark.regression
+def test_a_short_sharded_draft_stops_startup_with_one_line():
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
+
+    build_host_pool = assembler._build_mha_mla_host_pool
+
+    def half_stripe(**kwargs):
+        if kwargs.get("pool_label") == "draft":
+            kwargs["host_token_capacity"] //= 2
+        return build_host_pool(**kwargs)
+
+    error = None
+    with mock.patch.object(assembler, "_build_mha_mla_host_pool", half_stripe):
+        try:
+            _sharded(8)
+        except ValueError as exc:
+            error = str(exc)
+    assert error is not None, "a draft stripe with half the target's rows was accepted"
+    assert "\n" not in error
+    assert "has 500032 rows per DCP stripe but the target host pool has 1000064 rows" in error
+    assert "--hicache-draft-backup replicated" in error
