@@ -21,7 +21,6 @@ costs one sglang import per test session, not one per rank.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
@@ -56,6 +55,7 @@ class RankResult:
     draft_h2d_bytes: int = 0  # draft bytes moved host<->device, both directions, over the whole trace
     allgather_bytes: int = 0  # bytes this rank received from the other ranks' stripes
     allgathers: int = 0
+    traceback: str | None = None  # of the error, for the command line's report
 
 
 def _dcp_group(rank: int, dcp: int):
@@ -114,7 +114,7 @@ def rank_main(rank: int, dcp: int, store_path: str, case: Case, drop_stripe_of: 
     except BaseException as exc:  # reported to the parent, which decides what it means
         result.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         result.traceback = traceback.format_exc()
-    out.put(asdict(result) | {"traceback": getattr(result, "traceback", None)})
+    out.put(asdict(result))
 
 
 _CONTEXT: multiprocessing.context.BaseContext | None = None
@@ -159,8 +159,7 @@ def run_group(dcp: int, *, draft_backup: str = "sharded", drop_stripe_of: int | 
                     p.kill()
                     p.join()
         for r in range(dcp):
-            results.setdefault(r, asdict(RankResult(rank=r, error=f"rank {r} did not report within {timeout:.0f} s"))
-                               | {"traceback": None})
+            results.setdefault(r, asdict(RankResult(rank=r, error=f"rank {r} did not report within {timeout:.0f} s")))
     return [results[r] for r in range(dcp)]
 
 
@@ -178,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     case = Case(layout=args.layout, io_backend=args.io_backend, draft=args.draft)
     results = run_group(args.dcp, draft_backup=args.draft_backup, drop_stripe_of=args.drop_stripe_of, case=case)
     for r in results:
-        with contextlib.suppress(KeyError):
-            if r["traceback"] and not r["ok"]:
-                print(r["traceback"], file=sys.stderr)
+        if r["traceback"]:
+            print(r["traceback"], file=sys.stderr)
     print(json.dumps([{k: v for k, v in r.items() if k != "traceback"} for r in results], indent=1))
     return 0 if all(r["ok"] for r in results) else 1
 
