@@ -51,13 +51,12 @@ they carry ``"gain_only": true`` and only the fixed-budget keys.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+
+from sglang_dcp_dspark.hooks._common import probing
 
 DCP_SIZES = (2, 4, 8)
 MODES = ("replicated", "sharded")
@@ -101,7 +100,7 @@ def fixed_budget_gain(dcp: int, *, device_rows: int | None = None, hicache_size:
     """Target host rows per rank at one ``--hicache-size``, replicated vs sharded draft backup, and the gain."""
     device_rows = default_device_rows() if device_rows is None else device_rows
     rows = {}
-    with _quiet():
+    with probing():  # sglang logs each pool it builds; the bench prints its own figures
         for mode in MODES:
             target_host, draft_host = build_host_pools(dcp, mode, device_rows=device_rows, hicache_size=hicache_size)
             rows[mode] = (target_host.size, draft_host.size)
@@ -114,18 +113,6 @@ def fixed_budget_gain(dcp: int, *, device_rows: int | None = None, hicache_size:
         "draft_host_rows_at_budget_replicated": d_rep,
         "draft_host_rows_at_budget_sharded": d_sh,
     }
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """sglang logs each pool it builds at INFO; the bench prints its own figures."""
-    logger = logging.getLogger("sglang")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 # ---------------------------------------------------------------- the data path (rank processes)

@@ -78,25 +78,33 @@ def test_auto_size_estimate_covers_what_is_pinned(dcp):
     )
 
 
-@pytest.mark.regression
-def test_a_short_draft_sidecar_stops_startup_with_one_line():
+def _startup_error(build_rank, resize) -> str | None:
+    """What ``build_rank()`` raises when ``resize`` rewrites the draft host pool's sizing arguments; None if it builds."""
     from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
 
     build_host_pool = assembler._build_mha_mla_host_pool
 
-    def physical_rows(**kwargs):
+    def resized(**kwargs):
+        if kwargs.get("pool_label") == "draft":
+            resize(kwargs)
+        return build_host_pool(**kwargs)
+
+    with mock.patch.object(assembler, "_build_mha_mla_host_pool", resized):
+        try:
+            build_rank()
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+@pytest.mark.regression
+def test_a_short_draft_sidecar_stops_startup_with_one_line():
+    def physical_rows(kwargs):
         # The sizing of releases before PR #35221: one draft row per physical target row.
         kwargs["host_token_capacity"] = None
         kwargs["host_to_device_ratio"] /= 8
-        return build_host_pool(**kwargs)
 
-    rank = P.Rank(8, **FULL_SCALE)
-    with P.on_rank(rank), mock.patch.object(assembler, "_build_mha_mla_host_pool", physical_rows):
-        error = None
-        try:
-            P.build(rank)
-        except ValueError as exc:
-            error = str(exc)
+    error = _startup_error(lambda: build(8), physical_rows)
     assert error is not None, "a draft sidecar with physical rows was accepted"
     assert "\n" not in error
     assert "8000512 logical slots (1000064 rows x dcp_size 8)" in error
@@ -144,21 +152,10 @@ def test_sharded_hicache_size_gives_the_draft_share_back_to_the_target():
 
 @pytest.mark.regression
 def test_a_short_sharded_draft_stops_startup_with_one_line():
-    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
+    def half_stripe(kwargs):
+        kwargs["host_token_capacity"] //= 2
 
-    build_host_pool = assembler._build_mha_mla_host_pool
-
-    def half_stripe(**kwargs):
-        if kwargs.get("pool_label") == "draft":
-            kwargs["host_token_capacity"] //= 2
-        return build_host_pool(**kwargs)
-
-    error = None
-    with mock.patch.object(assembler, "_build_mha_mla_host_pool", half_stripe):
-        try:
-            _sharded(8)
-        except ValueError as exc:
-            error = str(exc)
+    error = _startup_error(lambda: _sharded(8), half_stripe)
     assert error is not None, "a draft stripe with half the target's rows was accepted"
     assert "\n" not in error
     assert "has 500032 rows per DCP stripe but the target host pool has 1000064 rows" in error
