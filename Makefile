@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-stamp
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees next-trees demo lint test bench gpu-check gpu-bundle clean
+.PHONY: setup trees upstream-trees release-trees next-trees demo lint test bench gpu-check gpu-bundle clean
 
 setup: $(STAMP)
 
@@ -25,8 +25,10 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # per tree under build/trees, the groups `trees` (the 0.5.17 copy with the
 # backport applied), `upstream-trees` (PR #35221 in upstream's form: stock
 # 0.5.18, the PR's parent rebuilt from it by reversing the series, and that
-# parent re-patched) and `next-trees` (0.5.23 and the copy with
-# patches/upstream-next), and TREE_TESTS, one pytest run per tree.
+# parent re-patched), `release-trees` (stock 0.5.19 to 0.5.22, on which
+# preflight and the plugin are judged by each release's own code) and
+# `next-trees` (0.5.23 and the copy with patches/upstream-next), and
+# TREE_TESTS, one pytest run per tree.
 include build/trees.mk
 
 build/trees.mk: patches/trees.json test/tree_table.py

@@ -14,6 +14,8 @@ Options (each a stand-in for a fault, applied before load_plugins()):
   --probe-failure        the registration probe's pool builder raises
   --new-pool-arg         MLATokenToKVPool requires an argument 0.5.17 does not pass
   --hooked-call          register a dcp-8 draft through sglang's (hooked) registration
+  --sidecar-call         0.5.19 on: build a dcp-8 target and draft sidecar at --hicache-size 100 through
+                         sglang's (hooked) hybrid_pool_assembler, as a scheduler's tree cache does
   --cuda-trap            torch.cuda entry points raise (and are counted) from load_plugins() on
 Prints one JSON line on stdout; sglang's log goes to stderr.
 """
@@ -64,7 +66,7 @@ def cuda_trap() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--log-level", default="info")
-    for flag in ("configure-first", "probe-failure", "new-pool-arg", "hooked-call", "cuda-trap"):
+    for flag in ("configure-first", "probe-failure", "new-pool-arg", "hooked-call", "sidecar-call", "cuda-trap"):
         parser.add_argument(f"--{flag}", action="store_true")
     args = parser.parse_args()
     server_args = SimpleNamespace(log_level=args.log_level)  # all configure_logger reads
@@ -123,6 +125,11 @@ def main() -> None:
             result["call"] = f"draft rows {pair.draft_host_pool.size} for {pair.target_host_pool.logical_size} logical slots"
         except Exception as exc:
             result["call"] = f"{type(exc).__name__}: {exc}"
+    if args.sidecar_call:
+        from sglang_dcp_dspark import sidecar
+
+        pools = sidecar.built(sidecar.Rank(8, device_rows=500_000, target_layers=61, hicache_size=100))
+        result["sidecar"] = {"target_rows": pools.target_host.size, "draft_rows": pools.draft_host.size}
     from sglang_dcp_dspark import plugin
 
     result["findings"] = {k: v.verdict.name for k, v in plugin.findings.items()}

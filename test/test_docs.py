@@ -24,6 +24,9 @@ FRESHNESS = {
     "next-trees": "test/test_docs.py",
     "matrix": "test/datapath/test_docs.py",
     "preflight": "test/test_preflight.py",
+    "sweep-dcp": "test/test_preflight.py",
+    "releases": "test/releases/test_docs.py",
+    "draft-layouts": "test/datapath/test_layouts.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
 SLOW = ("host-memory",)

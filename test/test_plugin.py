@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import plugin
+from sglang_dcp_dspark import decisions, plugin
 from sglang_dcp_dspark import series as series_mod
 
 PROBE = Path(__file__).parent / "plugin_probe.py"
+REPO = Path(__file__).resolve().parents[1]
 GATE = "HiCache with --dcp-size > 1"
 
 
@@ -125,7 +126,7 @@ def test_unrecognised_code_gets_no_hook_and_one_warning(caplog, monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     monkeypatch.setattr(plugin, "findings", {})
-    monkeypatch.setattr(plugin, "_live", True)  # as after sglang's configure_logger
+    monkeypatch.setattr(decisions, "_live", True)  # as after sglang's configure_logger
     target = "sglang_dcp_dspark.plugin.PLUGIN_NAME"
     before = list(HookRegistry._hooks.get(target, []))
     unknown = lambda: plugin.Finding(target, plugin.Verdict.UNRECOGNISED, "probe said so")  # noqa: E731
@@ -148,7 +149,7 @@ def registered(monkeypatch):
     calls = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, hook, kind, **kw: calls.append((target, hook, kind))))
     monkeypatch.setattr(plugin, "findings", {})
-    monkeypatch.setattr(plugin, "_live", True)
+    monkeypatch.setattr(decisions, "_live", True)
     return calls
 
 
@@ -246,17 +247,52 @@ def test_probes_keep_sglangs_pool_lines_out_of_the_log(caplog):
     assert logging.getLogger("sglang").level == logging.NOTSET  # restored
 
 
-def test_decisions_wait_for_sglangs_logging_then_come_out_in_order(monkeypatch, caplog):
-    monkeypatch.setattr(plugin, "_live", False)
-    monkeypatch.setattr(plugin, "_pending", [])
-    with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
-        plugin._say(20, "dcp_dspark: first")
-        plugin._say(30, "dcp_dspark: second")
-        assert caplog.records == []
-        plugin.logging_configured(None, object())
-        plugin._say(20, "dcp_dspark: after")
-    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("INFO", "dcp_dspark: first"), ("WARNING", "dcp_dspark: second"), ("INFO", "dcp_dspark: after")]
+def test_decisions_wait_for_sglangs_logging_then_come_out_in_order(monkeypatch):
+    """Held while the root logger has what it had at register(); written at the first sglang record after it changed."""
+    import logging
+
+    root, sglang_logger = logging.getLogger(), logging.getLogger("sglang")
+    monkeypatch.setattr(decisions, "_live", False)
+    monkeypatch.setattr(decisions, "_held", [])
+    monkeypatch.setattr(decisions, "_watcher", None)
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(sglang_logger, "handlers", [])
+    records: list[tuple[str, str, str]] = []
+
+    class Configured(logging.Handler):  # what sglang's configure_logger installs (basicConfig(force=True))
+        def emit(self, record):
+            records.append((record.name, record.levelname, record.getMessage()))
+
+    monkeypatch.setattr("atexit.register", lambda fn: None)
+    decisions.watch()
+    decisions.say(logging.INFO, "dcp_dspark: first")
+    decisions.say(logging.WARNING, "dcp_dspark: second")
+    # Before sglang configures logging its records meet no handler, and Python's last resort still gets its warnings.
+    last: list[str] = []
+    monkeypatch.setattr(logging.lastResort, "handle", lambda record: last.append(record.getMessage()))
+    logging.getLogger("sglang.srt.early").warning("an early warning")
+    assert last == ["an early warning"] and decisions.held() == ["dcp_dspark: first", "dcp_dspark: second"]
+    root.handlers = [Configured()]
+    root.setLevel(logging.INFO)
+    try:
+        logging.getLogger("sglang.srt.managers.scheduler").info("the scheduler's first line")
+        decisions.say(logging.INFO, "dcp_dspark: after")
+    finally:
+        root.setLevel(logging.WARNING)
+    assert records == [
+        ("sglang_dcp_dspark.plugin", "INFO", "dcp_dspark: first"),
+        ("sglang_dcp_dspark.plugin.always", "WARNING", "dcp_dspark: second"),
+        ("sglang.srt.managers.scheduler", "INFO", "the scheduler's first line"),
+        ("sglang_dcp_dspark.plugin", "INFO", "dcp_dspark: after"),
+    ]
+    assert sglang_logger.handlers == []  # the watcher took itself off: nothing more is asked of sglang's records
+
+
+def test_no_module_walk_at_load_plugins_where_nothing_is_hooked(monkeypatch):
+    """The decision log needs no hook on configure_logger: a process whose targets need nothing applies nothing."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    assert not any(target.endswith("configure_logger") for target in HookRegistry._hooks)
 
 
 def test_register_does_nothing_when_switched_off(monkeypatch, caplog):
@@ -295,7 +331,14 @@ class _Series:
         ("0.5.17", [("sglang-0.5.17", "applied")], {}, "series sglang-0.5.17 applied; the plugin stands aside"),
         ("0.5.16", [], {}, "the plugin does not handle sglang 0.5.16; only a series would do: no series here applies"),
         (None, [], {}, "the plugin does not handle sglang of unknown version"),
-        ("0.5.23", [], {}, "sglang 0.5.23 carries the fix upstream; the plugin leaves it alone"),
+        ("0.5.18", [], {}, "sglang 0.5.18 carries the fix upstream; the plugin leaves it alone"),
+        ("0.5.19", [], {}, "sglang 0.5.19 carries the fix upstream; at run time the plugin stops a short draft sidecar at startup"),
+        ("0.5.22", [], {}, "at run time the plugin prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup"),
+        ("0.5.23", [("upstream-next", "applicable")], {},
+         "sglang 0.5.23 carries the fix upstream; at run time the plugin counts the draft sidecar in --hicache-size, prices the "
+         "draft sidecar in auto-sizing and stops a short draft sidecar at startup; series upstream-next also applies"),
+        ("0.5.23", [("upstream-next", "applied")], {}, "series upstream-next applied; the plugin stands aside"),
+        ("0.5.23", [], {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}, "so the plugin's sidecar hooks are off: unset"),
     ],
 )
 def test_status_line(version, statuses, environ, says):
@@ -323,10 +366,10 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
     code = "import sys, sglang_dcp_dspark.plugin; print(__import__('json').dumps(sorted(sys.modules)))"
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     ours = {m for m in loaded if m.startswith("sglang_dcp_dspark")}
+    # The hook carriers come when their sglang module is imported, not before: every process pays for this much only.
     assert ours == {
         "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.switch", "sglang_dcp_dspark.hooks",
-        "sglang_dcp_dspark.hooks._common", "sglang_dcp_dspark.hooks.server_args",
-        "sglang_dcp_dspark.hooks.kv_cache_builder", "sglang_dcp_dspark.hooks.scheduler",
+        "sglang_dcp_dspark.decisions",
     }, ours
     assert not [m for m in loaded if m.split(".")[0] in ("sglang", "torch")]
     # The scheduler start-up and draft-row helpers only tests use live under test/, not in the wheel.
@@ -336,10 +379,35 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
 def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     """One table for register() and preflight: each hook names the sglang module, its judge and hook, and the patch."""
     from sglang_dcp_dspark import hooks
+    from sglang_dcp_dspark.hooks import hicache_auto_size, hybrid_pool_assembler
 
-    assert [h.target for h in hooks.HOOKS] == [plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS]
-    assert [h.hook for h in hooks.HOOKS] == [plugin.admit_dspark, plugin.size_draft_from_logical, plugin.count_draft_in_budget]
-    assert [h.judge for h in hooks.HOOKS] == [plugin.resolver_verdict, plugin.registration_verdict, plugin.budget_verdict]
+    assert [h.target for h in hooks.HOOKS] == [
+        plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS,
+        plugin.KV_ONLY_STACK, plugin.KV_ONLY_GROUP, plugin.FULL_DRAFT_POOLS, plugin.DRAFT_BYTES,
+    ]
+    assert [h.hook for h in hooks.HOOKS] == [
+        plugin.admit_dspark, plugin.size_draft_from_logical, plugin.count_draft_in_budget,
+        hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
+        hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows,
+    ]
+    assert [h.judge for h in hooks.HOOKS] == [
+        plugin.resolver_verdict, plugin.registration_verdict, plugin.budget_verdict,
+        hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict, hybrid_pool_assembler.guard_verdict,
+        hicache_auto_size.auto_size_verdict,
+    ]
     for h in hooks.HOOKS:
-        assert h.target.startswith(h.module + ".") and h.does and h.series_patch.startswith("sglang-0.5.17/")
+        assert h.target.startswith(h.module + ".") and h.does
+        assert h.series_patch.startswith(("sglang-0.5.17/", "upstream-next/"))
+        assert (REPO / "patches" / h.series_patch.split("/")[0]).is_dir()
     assert hooks.BY_TARGET[plugin.DRAFT_REGISTRATION].check_only() is plugin._check_only_if_needed()
+
+
+def test_the_hooks_import_no_plugin_module():
+    """No import cycle: the hook carriers reach the decision log through decisions, never through plugin."""
+    import ast
+
+    for path in sorted((REPO / "python" / "sglang_dcp_dspark" / "hooks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {(node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        assert "plugin" not in imported and not any(m.endswith(".plugin") for m in imported), path.name

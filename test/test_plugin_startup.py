@@ -1,4 +1,9 @@
-"""The plugin in a scheduler's real start-up order (load_plugins, then sglang's configure_logger): its decision lines, fail-closed hooks, quiet and CUDA-free probes, and the off switch, on 0.5.17, 0.5.18 and 0.5.23."""
+"""The plugin in a scheduler's real start-up order (load_plugins, then sglang's configure_logger): its decision lines, fail-closed hooks, quiet and CUDA-free probes, and the off switch, on 0.5.17, 0.5.18 and 0.5.23.
+
+The decision lines reach sglang's configured log without a hook on
+``configure_logger`` (see sglang_dcp_dspark.decisions). On 0.5.23 the sidecar
+hooks are hooked and a real tree-cache build goes through them.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ CONFIGURED = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] "
 RESOLVER = "sglang.srt.server_args.ServerArgs._resolve_hicache_dcp_compatibility"
 REGISTRATION = "sglang.srt.mem_cache.kv_cache_builder.maybe_register_hicache_draft"
 BUDGET = "sglang.srt.managers.scheduler.Scheduler.init_memory_pools"
+ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+STACK, GROUP, SIDECAR = f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group", f"{ASSEMBLER}.build_full_draft_pools"
+AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size._draft_bytes"
+NO_SIDECAR_PARAMS = "CacheInitParams has no sidecar_draft_device_pools (0.5.23 adds it), so build_kv_only_stack cannot see the draft sidecar"
 
 
 def start(*flags: str, tree: str = "0.5.17", env: dict[str, str] | None = None) -> tuple[dict, list[str]]:
@@ -51,21 +60,28 @@ EXPECTED = {
         f"dcp_dspark: left {RESOLVER} alone (already fixed): the resolver already admits DSPARK under DCP + HiCache",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.18 carries the fix upstream (registration probe failed: TypeError: ",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.18",
+        f"dcp_dspark: left {STACK} alone (not for this release): {NO_SIDECAR_PARAMS}",
+        f"dcp_dspark: left {GROUP} alone (not for this release): follows build_kv_only_stack: {NO_SIDECAR_PARAMS}",
+        f"dcp_dspark: left {SIDECAR} alone (not for this release): this draft sidecar builder takes server_args (0.5.18)",
     ],
     "0.5.23": [
         f"dcp_dspark: left {RESOLVER} alone (already fixed): sglang 0.5.23 carries the fix upstream (ServerArgs has no _resolve_hicache_dcp_compatibility)",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.23 carries the fix upstream (registration probe failed: TypeError: MLATokenToKVPoolHost.__init__() missing ",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.23",
+        f"dcp_dspark: hooked {STACK}: --hicache-size sizes the target host pool alone (96 rows with or without a draft sidecar at dcp 2); the hook gives the target t / (t + dcp_size * d) of --hicache-size",
+        f"dcp_dspark: hooked {GROUP}: build_kv_only_stack passes it no host_size; the budget goes in there; the hook builds the target host pool at that share",
+        f"dcp_dspark: hooked {SIDECAR}: a draft sidecar of 256 rows for 288 logical slots builds without complaint; the hook stops startup",
+        f"dcp_dspark: hooked {AUTO_SIZE}: the estimate prices the draft sidecar at the target's physical rows (92160 bytes for 2x as many at dcp 2)",
     ],
 }
 
 
 @pytest.mark.parametrize("tree", list(TREES))
 def test_one_decision_line_per_hook_in_the_configured_log_and_no_cuda(tree):
-    flags = ["--cuda-trap"] + (["--hooked-call"] if tree == "0.5.17" else [])
+    flags = ["--cuda-trap"] + (["--hooked-call"] if tree == "0.5.17" else ["--sidecar-call"] if tree == "0.5.23" else [])
     got, log = start(*flags, tree=tree)
     lines = plugin_lines(log)
-    assert len(lines) == 3, log
+    assert len(lines) == len(EXPECTED[tree]), log
     for line, want in zip(lines, EXPECTED[tree], strict=True):
         assert re.match(CONFIGURED, line), line  # sglang's format and prefix: written after configure_logger
         assert line[line.index("] ") + 2 :].startswith(want), line
@@ -73,6 +89,12 @@ def test_one_decision_line_per_hook_in_the_configured_log_and_no_cuda(tree):
     if tree == "0.5.17":
         assert got["call"] == "draft rows 17408 for 16896 logical slots"
         assert set(got["findings"].values()) == {"NEEDS_FIX"}
+    if tree == "0.5.23":
+        # The scheduler's own build went through the hooks: the budget shares 100 GB with the dcp-8 draft
+        # (upstream-next 0001's rows; stock 0.5.23 gives the target 1,400,128 rows and pins the draft on top).
+        assert got["sidecar"] == {"target_rows": 1_258_112, "draft_rows": 10_064_896}
+        assert {t: got["findings"][t] for t in (STACK, GROUP, SIDECAR, AUTO_SIZE)} == dict.fromkeys(
+            (STACK, GROUP, SIDECAR, AUTO_SIZE), "NEEDS_FIX")
 
 
 def test_unrecognised_pool_signature_warns_at_any_log_level_and_the_launch_stops_short_of_overflow():

@@ -1,4 +1,9 @@
-"""preflight: sglang's own argument resolution on an emulated node, the report, its input checks and its exit codes."""
+"""preflight on sglang 0.5.17 (the default tree): the report, its input checks, its exit codes, sweeps and the docs' samples.
+
+What is the same on every release (the launch matrix, the DSA indexer pool,
+configs a release cannot load, auto-sizing, the series' draft backups) runs on
+each release tree: test/releases/.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def passes_line(stock: str, fix: str, per_node: str, available: str = "2,048.00 
                 from_: str = "the emulated node's default") -> str:
     """The exact verdict line of a launch that passes and will start: what stock does, what the fix does, whether the node fits."""
     return (f"verdict: PASSES (exit 0): {stock}; {fix}; its host pools pin {per_node} per node, "
-            f"within the {available} of the 8 x NVIDIA H200 node ({from_}): it will start")
+            f"within the {available} of the 8 x NVIDIA H200 node ({from_}): it will start (judged by sglang 0.5.17)")
 
 
 COVERS_ALL = "with the plugin it passes and the draft host pool covers all of the target's logical slots"
@@ -85,7 +90,7 @@ def test_plain_launch_without_a_draft_passes():
     assert code == 0, err[-2000:]
     assert_clean(err)
     assert "stock sglang  passes" in out and "with plugin   passes" in out
-    assert "Host RAM (8 ranks per node, target):" in out
+    assert "Host RAM (8 ranks per node, as run):" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
     assert out.rstrip().splitlines()[-1] == passes_line("stock sglang passes it too", "with the plugin it passes", per_node)
     assert 0 < rss < PEAK_RSS_LIMIT
@@ -101,15 +106,17 @@ def test_default_launch_with_a_draft_passes():
     code, out, err, rss = run_cli()
     assert code == 0, err[-2000:]
     assert err == ""
-    assert "launch PASSES" in out
+    assert "launch PASSES sglang 0.5.17's validation" in out
+    assert "  judged by     sglang 0.5.17 (its own resolution and pool builders; adapter sglang_0_5_17: since 0.5.17)" in out
     assert "stock sglang  rejected: NotImplementedError: " + GATE in out
     assert "with plugin   passes" in out
     assert "page size       1 physical, 8 logical" in out
     assert f"device rows     {DEFAULT_DEVICE_ROWS:,} physical per rank ({DEFAULT_DEVICE_ROWS_NOTE})" in out
     # DeepSeek-V3's MLA rows: 61 layers x (512 + 64) x 2 bytes; the draft's one layer: 1,152 bytes.
-    assert re.search(r"^  target +[\d,]+ +70,272 ", out, re.M), out
-    assert re.search(r"^  draft, stock sizing +[\d,]+ +1,152 .* 0\.125$", out, re.M), out
-    assert re.search(r"^  draft, with fix +[\d,]+ +1,152 .* 1\.000$", out, re.M), out
+    assert re.search(r"^  target KV +[\d,]+ +70,272 ", out, re.M), out
+    assert re.search(r"^  stock: draft +[\d,]+ +1,152 .* 0\.125$", out, re.M), out
+    assert re.search(r"^  draft +[\d,]+ +1,152 .* 1\.000$", out, re.M), out
+    assert "  draft           plan registration, kv_cache_builder.maybe_register_hicache_draft" in out
     assert "available       2,048.00 GiB (the emulated node's default) less sglang's 10.00 GiB reserve: fits" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
     assert out.rstrip().splitlines()[-1] == passes_line("stock sglang rejects it", COVERS_ALL, per_node)
@@ -128,10 +135,10 @@ def test_default_launch_is_deepseek_v3_with_a_one_layer_draft(capsys):
     sizing = report["sizing"]
     assert sizing["target_kv"] == {"layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
     assert sizing["draft_kv"] == {"layers": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
-    assert sizing["geometry"]["device_rows"] == DEFAULT_DEVICE_ROWS and not sizing["device_rows_estimated"]
+    assert sizing["device_rows"] == DEFAULT_DEVICE_ROWS and not sizing["device_rows_estimated"]
     assert report["node"]["gpus"] == 8 and report["node"]["gpu_name"] == "NVIDIA H200"
     ram = sizing["host_ram"]
-    assert ram["available"] == 2048 * GIB and ram["fits"] and ram["starts"] and sizing["draft_coverage"] >= 1
+    assert ram["available"] == 2048 * GIB and ram["fits"] and not ram["startup_error"] and sizing["draft_coverage"] >= 1
     # A realistic share of the node: the pools take a quarter to a half of its 2 TiB.
     assert 0.25 * ram["available"] < ram["needed_per_node"] < 0.5 * ram["available"]
 
@@ -148,7 +155,7 @@ def test_largest_device_rows_one_gpu_holds(draft, row_bytes):
     assert_clean(err)
     report = json.loads(out)
     assert report["sizing"]["device_rows_max"] == rows
-    assert report["sizing"]["geometry"]["device_rows"] == rows
+    assert report["sizing"]["device_rows"] == rows
     # A host pool twice that size per rank does not fit a 2 TiB node: it will stop at startup.
     assert code == 3 == report["verdict"]["code"], err[-2000:]
     assert not report["sizing"]["host_ram"]["fits"]
@@ -165,12 +172,13 @@ def test_json_report_geometry(capsys):
     per_node = f"{report['sizing']['host_ram']['needed_per_node'] / GIB:,.2f} GiB"
     assert report["verdict"] == {"code": 0, "outcome": "PASSES",
                                  "line": passes_line("stock sglang rejects it", COVERS_ALL, per_node, from_="--host-ram-gib")}
-    g = report["sizing"]["geometry"]
-    assert g["dcp_size"] == 8 and g["device_rows"] == 1024
-    assert g["target"]["logical_slots"] == 8 * g["target"]["rows"]
-    assert g["coverage_stock"] < 0.2 <= 1.0 <= g["coverage_fixed"]
-    ram = report["sizing"]["host_ram"]
-    assert ram["needed_per_rank"] == g["target"]["bytes"] + g["draft_fixed"]["bytes"]
+    sizing = report["sizing"]
+    assert sizing["dcp_size"] == 8 and sizing["device_rows"] == 1024
+    pools = {p["name"]: p for p in sizing["pools"]}
+    assert pools["target KV"]["logical_slots"] == 8 * pools["target KV"]["rows"]
+    assert sizing["draft_coverage_stock"] < 0.2 <= 1.0 <= sizing["draft_coverage"]
+    ram = sizing["host_ram"]
+    assert ram["needed_per_rank"] == pools["target KV"]["bytes"] + pools["draft"]["bytes"]
     assert ram["needed_per_node"] == 8 * ram["needed_per_rank"] and ram["fits"]
 
 
@@ -183,13 +191,15 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
             *launch(TINY, "DSPARK", "--hicache-size", "2")]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    ram, g = report["sizing"]["host_ram"], report["sizing"]["geometry"]
-    assert g["coverage_fixed"] >= 1.0
+    sizing = report["sizing"]
+    ram = sizing["host_ram"]
+    assert sizing["draft_coverage"] >= 1.0 and ram["budget_per_rank"] == 2e9
     if unbudgeted:
-        assert ram["target_share"] is None and ram["needed_per_rank"] > 2e9
+        assert sizing["target_hicache_size"] is None and ram["needed_per_rank"] > 2e9
     else:
-        assert ram["needed_per_rank"] <= ram["budget_per_rank"] == 2e9
-        assert ram["target_share"] < ram["target_share_without_dcp"]
+        # The plugin's own budget hook ran on the scheduler stand-in: the target got t / (t + 8 d) of it.
+        assert ram["needed_per_rank"] <= ram["budget_per_rank"]
+        assert 0 < sizing["target_hicache_size"] < 2
 
 
 def test_device_rows_estimate_is_labelled(capsys):
@@ -202,7 +212,7 @@ def test_device_rows_estimate_is_labelled(capsys):
     assert sizing["device_rows_note"] == DEFAULT_DEVICE_ROWS_NOTE and not sizing["device_rows_estimated"]
     assert main(["preflight", "--json", "--device-rows", "1024"]) == 0
     sizing = json.loads(capsys.readouterr().out)["sizing"]
-    assert sizing["geometry"]["device_rows"] == 1024 and sizing["device_rows_note"] == "given with --device-rows"
+    assert sizing["device_rows"] == 1024 and sizing["device_rows_note"] == "given with --device-rows"
 
 
 def test_no_hicache_no_host_pools(capsys):
@@ -228,17 +238,18 @@ def test_host_ram_default_is_the_emulated_node(capsys):
 
 
 def test_plugins_startup_check_stops_it_exit_3(capsys):
-    """The same numbers the plugin's start-up check uses: device rows x (t + dcp d) against the rank's RAM share."""
+    """The plugin's own start-up check (budget.fit_hicache_size), run on the scheduler stand-in: device rows x (t + dcp d) against the rank's RAM share."""
     assert main(["preflight", "--json", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
     report = json.loads(capsys.readouterr().out)
-    ram = report["sizing"]["host_ram"]
-    assert not ram["starts"] and ram["smallest_per_rank"] > ram["share_per_rank"]
+    error = report["sizing"]["host_ram"]["startup_error"]
+    assert error.startswith("HiCache needs at least ") and "this rank's share of free host RAM" in error
     assert report["passed"] and report["verdict"]["code"] == 3 and report["verdict"]["outcome"] == "STOPS AT STARTUP"
-    assert any("the plugin's start-up check" in reason for reason in report["startup_stops"])
+    assert report["startup_stops"][0] == f"startup stops while the host pools are built: {error}"
     assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
     out = capsys.readouterr().out
-    assert "startup         STOPS with the plugin" in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: STOPS AT STARTUP (exit 3): passes sglang's validation but stops at startup: ")
+    assert out.rstrip().splitlines()[-1].startswith(
+        "verdict: STOPS AT STARTUP (exit 3): passes sglang 0.5.17's validation but stops at startup: startup stops while "
+        "the host pools are built: HiCache needs at least ")
 
 
 def test_stop_on_estimated_rows_says_so(capsys):
@@ -253,9 +264,10 @@ def test_hicache_size_that_does_not_fit_exits_3(capsys):
     argv = ["preflight", "--device-rows", "1024", "--host-ram-gib", "64", *launch(TINY, "DSPARK", "--hicache-size", "100")]
     assert main(argv) == 3
     out = capsys.readouterr().out
-    assert "does NOT fit" in out
+    # sglang's own check refuses the target pool while it is built: the target's share of the 100 GB
+    # (the plugin's split) is more than the 64 GiB node has free after sglang's reserve.
     assert out.rstrip().splitlines()[-1].startswith("verdict: STOPS AT STARTUP (exit 3)")
-    assert "sglang's host-memory check refuses them" in out.rstrip().splitlines()[-1]
+    assert "Not enough host memory available. Requesting 88.89 GB but only have 57.98 GB free" in out.rstrip().splitlines()[-1]
 
 
 def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
@@ -289,7 +301,7 @@ def test_eagle_is_rejected_with_sglangs_message(capsys):
     assert main(["preflight", *launch(TINY, "EAGLE")]) == 1
     out = capsys.readouterr().out
     assert "launch REJECTED" in out and GATE in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1): sglang rejects the launch: NotImplementedError: " + GATE)
+    assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1): sglang 0.5.17 rejects the launch: NotImplementedError: " + GATE)
 
 
 @pytest.mark.parametrize(
@@ -307,7 +319,7 @@ def test_plugin_off_reports_the_stock_result(capsys, monkeypatch, env, reason):
     assert main(["preflight", "--device-rows", "1024"]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("(as run with the dcp_dspark plugin off)")
-    assert out.splitlines()[1] == f"  plugin        {reason}"
+    assert out.splitlines()[2] == f"  plugin        {reason}"
     assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1)")
 
 
@@ -452,3 +464,102 @@ if __name__ == "__main__":
         if SAMPLE.search(text):
             doc.write_text(regenerate(text), encoding="utf-8")
             print(f"rewrote the preflight samples in {doc.relative_to(REPO)}")
+
+
+# ---------------------------------------------------------------- sweeps, and the charts in docs/preflight.md
+
+CHARTS = {
+    "preflight-sweep-dcp.png": [],
+    "preflight-sweep-dcp-hicache-size.png": ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8",
+                                             "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
+                                             "--speculative-draft-model-path", str(DEFAULT_DRAFT), "--hicache-size", "100"],
+}
+
+
+@pytest.fixture(scope="module")
+def sweeps():
+    from sglang_dcp_dspark import preflight
+
+    return {name: preflight.sweep(launch, Node(), None, "dcp=1,2,4,8") for name, launch in CHARTS.items()}
+
+
+def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
+    result = sweeps["preflight-sweep-dcp.png"]
+    assert [r["value"] for r in result["rows"]] == ["1", "2", "4", "8"] and result["flag"] == "--dcp-size"
+    for row in result["rows"]:
+        assert row["report"]["verdict"]["code"] == 0
+        assert row["report"]["sizing"]["dcp_size"] == int(row["value"])
+        setups = row["variants"]
+        assert list(setups) == ["stock", "0.5.18+", "budgeted", "sharded"]
+        # Stock 0.5.17's short draft and the sharded stripe both hold about one draft row per target row
+        # (the stock draft rounds up past its last page).
+        assert setups["stock"]["per_node"] == pytest.approx(setups["sharded"]["per_node"], rel=1e-6)
+        assert setups["sharded"]["per_node"] <= setups["0.5.18+"]["per_node"]
+        assert setups["budgeted"]["per_node"] == setups["0.5.18+"]["per_node"]  # no --hicache-size: nothing to share
+        assert setups["sharded"]["from"].startswith("model")  # 0.5.17 has no sharded backup to build it with
+    per_node = [r["variants"]["0.5.18+"]["per_node"] for r in result["rows"]]
+    assert per_node == sorted(per_node) and per_node[0] < per_node[-1]  # the replicated draft grows with dcp
+    budgeted = sweeps["preflight-sweep-dcp-hicache-size.png"]
+    for row in budgeted["rows"]:
+        setups = row["variants"]
+        assert setups["budgeted"]["per_node"] < setups["0.5.18+"]["per_node"] or row["value"] == "1"
+        assert setups["budgeted"]["per_node"] <= 8 * 100e9 + 8 * 80_000  # the budget holds target and draft (a page over)
+
+
+def test_the_sweep_block_and_the_charts_are_fresh(sweeps, tmp_path):
+    import docblocks
+    from sglang_dcp_dspark import report
+
+    docblocks.check("sweep-dcp", report.render_sweep(sweeps["preflight-sweep-dcp.png"]))
+    for name, result in sweeps.items():
+        committed = report.read_chart_data(str(REPO / "docs" / "img" / name))
+        assert committed == json.loads(json.dumps(report.chart_data(result), sort_keys=True)), (
+            f"docs/img/{name} was drawn from other figures than a sweep gives now; fix: rerun the command "
+            "docs/preflight.md gives for it")
+    # The command writes what it reads back.
+    out = tmp_path / "chart.png"
+    assert report.plot(sweeps["preflight-sweep-dcp.png"], str(out)) == str(out)
+    assert report.read_chart_data(str(out)) == report.read_chart_data(str(REPO / "docs" / "img" / "preflight-sweep-dcp.png"))
+
+
+def test_a_sweep_on_the_command_line(capsys):
+    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "preflight sweep of --dcp-size on sglang 0.5.17 (2 launches, sglang imported once)"
+    assert [line.split()[0] for line in out[3:5]] == ["2", "8"] and all("PASSES (exit 0)" in line for line in out[3:5])
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--sweep", "nonsense=1,2"], "--sweep 'nonsense=1,2' is not NAME=V1,V2,...; expected NAME one of dcp, hicache-size"),
+    (["--sweep", "dcp=1,two"], "--sweep dcp value 'two' is not a number"),
+    (["--plot", "x.png"], "--plot draws a sweep; expected --sweep NAME=V1,V2,... with it"),
+])
+def test_bad_sweeps_are_one_line(capsys, argv, says):
+    assert main(["preflight", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "fix:" in err
+
+
+def test_a_sweep_worst_verdict_is_its_exit_code(capsys):
+    """dcp 3 does not divide tp 8 (bad input, exit 2): the sweep goes on and exits with its worst."""
+    assert main(["preflight", "--json", "--sweep", "dcp=3,8", "--device-rows", "1024"]) == 2
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["report"]["verdict"]["code"] for r in rows] == [2, 0]
+    assert "--dcp-size 3 does not divide --tp 8" in rows[0]["report"]["verdict"]["line"]
+
+
+def test_without_matplotlib_the_plot_is_one_line(capsys, monkeypatch, tmp_path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert main(["preflight", "--sweep", "dcp=8", "--device-rows", "1024", "--plot", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert "needs matplotlib, which is not installed" in err and "pip install 'sglang-dcp-dspark[plot]'" in err
+    assert err.count("\n") == 1 and not (tmp_path / "c.png").exists()

@@ -79,12 +79,16 @@ def make_include() -> str:
         if tree.dir:
             out.append(f"TREE_{tree.label.replace('-', '_').replace('.', '_')} := {tree.make_path}")
     for tree in TREES.values():
-        if not tree.dir:
+        if not tree.dir or tree.build["how"] == "same":  # another label's tree: built by its own rule
             continue
         how = tree.build["how"]
         if how == "pip":
             deps = "$(STAMP)"
-            recipe = ["rm -rf $(@D)", f"$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang=={tree.sglang}"]
+            # pip's own output goes to a log beside the tree: a wheel it cannot fetch is one line here.
+            log = f"{tree.make_path}.pip.log"
+            recipe = ["rm -rf $(@D)", f"$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang=={tree.sglang} > {log} 2>&1 "
+                      f"|| {{ echo \"error: pip cannot fetch sglang=={tree.sglang} for the tree {tree.label} ({log} has pip's output); "
+                      f"fix: make the package index reachable, or remove {tree.label} from patches/trees.json\" >&2; exit 1; }}"]
         elif how == "base":
             source = TREES[tree.build["from"]]
             deps = f"{_stamp(source)} $(wildcard patches/{tree.build['series']}/*)"
@@ -105,7 +109,7 @@ def make_include() -> str:
         out += ["", f"{_stamp(tree)}: {deps}", *[f"\t{line}" for line in recipe], "\ttouch $@"]
     groups: dict[str, list[str]] = {}
     for tree in TREES.values():
-        if tree.dir:
+        if tree.dir and _stamp(tree) not in groups.get(tree.make_target, []):
             groups.setdefault(tree.make_target, []).append(_stamp(tree))
     out.append("")
     for target, stamps in groups.items():

@@ -44,7 +44,6 @@ imported here: the hook is registered the moment something else imports it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -52,107 +51,60 @@ import logging
 import sys
 from collections.abc import Callable
 
-from . import switch
+from . import decisions, switch
 from .hooks import BY_TARGET, HOOKS, Hook
-from .hooks._common import FIXED_UPSTREAM_IN, WRITTEN_FOR, Finding, Overlay, Verdict, by_version, version_at_least
-from .hooks.kv_cache_builder import (
-    DRAFT_REGISTRATION,
-    check_draft_registration,
-    fixed_registration,
-    logical_rows_view,
-    registration_verdict,
-    size_draft_from_logical,
-)
-from .hooks.kv_cache_builder import check_only_if_needed as _check_only_if_needed
-from .hooks.scheduler import INIT_MEMORY_POOLS, budget_verdict, count_draft_in_budget
-from .hooks.server_args import DSPARK_ONLY, RESOLVER, admit_dspark, resolver_verdict
 
-# Re-exported: the names sglang's entry point, preflight and the tests reach through this module.
-__all__ = [
-    "DRAFT_REGISTRATION", "DSPARK_ONLY", "FIXED_UPSTREAM_IN", "HOOKS", "INIT_MEMORY_POOLS", "RESOLVER",
-    "WRITTEN_FOR", "Finding", "Overlay", "Verdict", "admit_dspark", "budget_verdict", "check_draft_registration",
-    "count_draft_in_budget", "fixed_registration", "handles", "logical_rows_view", "register",
-    "registration_verdict", "resolver_verdict", "size_draft_from_logical", "status_line",
-    "_check_only_if_needed",  # the tests ask which hook the registration would get
-]
+# Names sglang's entry point, preflight and the tests reach through this
+# module. Looked up on first use (PEP 562): load_plugins() runs register() in
+# every sglang process, which needs none of them.
+_LAZY = {
+    "DRAFT_REGISTRATION": "hooks.kv_cache_builder", "check_draft_registration": "hooks.kv_cache_builder",
+    "fixed_registration": "hooks.kv_cache_builder", "logical_rows_view": "hooks.kv_cache_builder",
+    "registration_verdict": "hooks.kv_cache_builder", "size_draft_from_logical": "hooks.kv_cache_builder",
+    "INIT_MEMORY_POOLS": "hooks.scheduler", "budget_verdict": "hooks.scheduler", "count_draft_in_budget": "hooks.scheduler",
+    "DSPARK_ONLY": "hooks.server_args", "RESOLVER": "hooks.server_args", "admit_dspark": "hooks.server_args",
+    "resolver_verdict": "hooks.server_args",
+    "KV_ONLY_STACK": "hooks.hybrid_pool_assembler", "KV_ONLY_GROUP": "hooks.hybrid_pool_assembler",
+    "FULL_DRAFT_POOLS": "hooks.hybrid_pool_assembler", "DRAFT_BYTES": "hooks.hicache_auto_size",
+    "FIXED_UPSTREAM_IN": "hooks._common", "WRITTEN_FOR": "hooks._common", "Finding": "hooks._common",
+    "Overlay": "hooks._common", "Verdict": "hooks._common", "by_version": "hooks._common",
+    "version_at_least": "hooks._common",
+}
+_RENAMED = {"_check_only_if_needed": ("hooks.kv_cache_builder", "check_only_if_needed")}
 
-logger = logging.getLogger(__name__)
-# Lines an operator must see whatever --log-level says (code not recognised,
-# plugin off). A logger pinned at WARNING passes them on to sglang's handlers
-# even when sglang sets the root logger to ERROR.
-loud = logging.getLogger(f"{__name__}.always")
-loud.setLevel(logging.WARNING)
+
+def __getattr__(name: str):
+    if name in _LAZY or name in _RENAMED:
+        module, attr = _RENAMED.get(name, (_LAZY.get(name), name))
+        value = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["HOOKS", "handles", "register", "status_line", *sorted(_LAZY)]
 
 PLUGIN_NAME = switch.PLUGIN_NAME
-LOGGING_SETUP = "sglang.srt.utils.common"
-CONFIGURE_LOGGER = f"{LOGGING_SETUP}.configure_logger"
-
 
 # What register() decided per target in this process; read by preflight and tests.
-findings: dict[str, Finding] = {}
+findings: dict = {}
 # True once register() has acted in this process, False when it found the plugin switched off.
 active: bool | None = None
-
-
-# ------------------------------------------------------------ decision log
-#
-# sglang calls load_plugins() before it configures logging (launch_server,
-# Engine, and run_scheduler_process, which calls configure_logger right after),
-# so anything logged while register() runs meets a root logger with no handler
-# and INFO lines vanish. The decisions are therefore kept here and written by
-# an AFTER hook on sglang's own configure_logger: the first moment each process
-# has sglang's format, prefix (" TP0" ...) and level in place. HookRegistry
-# re-points the scheduler's `from ... import configure_logger` binding, so the
-# scheduler's own call reaches the hook. Decisions taken after that (a module
-# imported later) are logged at once. Where the observer cannot be installed
-# (sglang moved configure_logger), the first call into a hooked function
-# writes them instead, which in a scheduler is also after logging is set up.
-
-_pending: list[tuple[logging.Logger, int, str]] = []
 # The plugin name sglang's load_plugins() set while register() ran, so hooks
 # registered later (a module imported after load_plugins()) are attributed too.
 _source = None
-_live = False
-_observer_installed = False
 
-
-def _say(level: int, message: str) -> None:
-    out = loud if level >= logging.WARNING else logger
-    if _live:
-        out.log(level, message)
-    else:
-        _pending.append((out, level, message))
-
-
-def _flush() -> None:
-    global _live
-    _live = True
-    while _pending:
-        out, level, message = _pending.pop(0)
-        out.log(level, message)
-
-
-def logging_configured(result, *args, **kwargs):
-    """AFTER hook for sglang's ``configure_logger``: write the decisions taken so far."""
-    with contextlib.suppress(Exception):  # a log line is never worth a failed start-up
-        _flush()
-    return None  # keep configure_logger's own result
-
-
-def _first_call() -> None:
-    # A process that configured logging before load_plugins() never reaches the
-    # observer; by the first hooked call its handlers are in place. Without any
-    # handler, keep waiting: the launcher calls the resolver before configure_logger.
-    if not _live and (not _observer_installed or logging.getLogger().handlers):
-        _flush()
+# The decision log lives in :mod:`decisions`; these names stay for callers of this module.
+_say = decisions.say
 
 
 # ------------------------------------------------------------------ register
 
 
 def handles(version: str | None) -> bool:
-    """Is this the release the plugin's hooks were written for (any post or local build of it)?"""
+    """Is this the release the 0.5.17 hooks were written for (any post or local build of it)?"""
     from .compat import parse_version
+    from .hooks._common import WRITTEN_FOR
 
     parsed = parse_version(version)
     return parsed is not None and parsed.release[:3] == parse_version(WRITTEN_FOR).release[:3]
@@ -168,18 +120,22 @@ def _exists(target: str) -> bool:
     return True
 
 
-def _judge(target: str, judge: Callable[[], Finding]) -> Finding:
+def _judge(target: str, judge: Callable):
+    from .hooks._common import by_version
+
     try:
         return judge()
     except Exception as exc:  # a probe never breaks sglang's import
         return by_version(target, f"probe raised {type(exc).__name__}: {exc}")
 
 
-def _decide(target: str, judge: Callable[[], Finding], hook: Callable, check_only: Callable | None = None) -> None:
-    """Judge one target, register its hook if it needs one, and say so (see the decision log above)."""
+def _decide(target: str, judge: Callable, hook: Callable, check_only: Callable | None = None) -> None:
+    """Judge one target, register its hook if it needs one, and say so (see :mod:`decisions`)."""
     if target in findings:  # register() is re-entrant: decide and log once per process
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .hooks._common import Verdict
 
     finding = _judge(target, judge)
     findings[target] = finding
@@ -187,18 +143,18 @@ def _decide(target: str, judge: Callable[[], Finding], hook: Callable, check_onl
         HookRegistry.register(target, hook, HookType.AROUND, source=_source)
         entry = BY_TARGET.get(target)
         does = f"; the hook {entry.does}" if entry is not None else ""
-        _say(logging.INFO, f"{PLUGIN_NAME}: hooked {target}: {finding.detail}{does}")
+        decisions.say(logging.INFO, f"{PLUGIN_NAME}: hooked {target}: {finding.detail}{does}")
     elif finding.verdict in (Verdict.FIXED, Verdict.OUT_OF_SCOPE):
-        _say(logging.INFO, f"{PLUGIN_NAME}: left {target} alone ({finding.verdict.value}): {finding.detail}")
+        decisions.say(logging.INFO, f"{PLUGIN_NAME}: left {target} alone ({finding.verdict.value}): {finding.detail}")
     elif check_only is not None and _exists(target):
         HookRegistry.register(target, check_only, HookType.AROUND, source=_source)
-        _say(
+        decisions.say(
             logging.WARNING,
             f"{PLUGIN_NAME}: code not recognised, check-only hook on {target}: sglang's own sizing runs and "
             f"startup stops if the draft host pool is short: {finding.detail}",
         )
     else:
-        _say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {finding.detail}")
+        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {finding.detail}")
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -244,30 +200,16 @@ def _apply_late(late: bool) -> None:
         HookRegistry.apply_hooks()
 
 
-def _hook(target: str, judge: Callable[[], Finding], hook: Callable, late: bool, check_only: Callable | None = None) -> None:
+def _hook(target: str, judge: Callable, hook: Callable, late: bool, check_only: Callable | None = None) -> None:
     # Runs inside sglang's import of the target module: nothing may escape.
     try:
         _decide(target, judge, hook, check_only)
         _apply_late(late)
     except Exception as exc:
+        from .hooks._common import Finding, Verdict
+
         findings.setdefault(target, Finding(target, Verdict.UNRECOGNISED, f"{type(exc).__name__}: {exc}"))
-        _say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {type(exc).__name__}: {exc}")
-
-
-def _observe_logging(late: bool) -> None:
-    global _observer_installed
-    if _observer_installed:
-        return
-    try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        if not _exists(CONFIGURE_LOGGER):
-            return  # the first hooked call writes the decisions instead
-        HookRegistry.register(CONFIGURE_LOGGER, logging_configured, HookType.AFTER, source=_source)
-        _observer_installed = True
-        _apply_late(late)
-    except Exception:
-        pass
+        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {type(exc).__name__}: {exc}")
 
 
 def register() -> None:
@@ -276,9 +218,9 @@ def register() -> None:
     state = switch.switch_state()
     if not state.enabled:
         if active is None:
-            # Registers nothing, not even the log observer, so the line goes out
-            # now: at WARNING, Python writes it to stderr before any logging setup.
-            loud.warning("%s: plugin off (%s); no sglang code is hooked", PLUGIN_NAME, state.reason)
+            # Registers nothing, so the line goes out now: at WARNING, Python
+            # writes it to stderr before any logging setup.
+            decisions.loud.warning("%s: plugin off (%s); no sglang code is hooked", PLUGIN_NAME, state.reason)
         active = False
         return
     active = True
@@ -289,9 +231,16 @@ def register() -> None:
             _source = hook_registry._current_plugin_source.get()
         except Exception:  # attribution only
             pass
-    _when_imported(LOGGING_SETUP, _observe_logging)
+    decisions.watch()
+    for module in dict.fromkeys(hook.module for hook in HOOKS):
+        _when_imported(module, functools.partial(_hook_module, module))
+
+
+def _hook_module(module: str, late: bool) -> None:
+    # Every entry on the module, in table order (an entry may follow an earlier one's verdict).
     for hook in HOOKS:
-        _when_imported(hook.module, functools.partial(_hook_from_table, hook))
+        if hook.module == module:
+            _hook_from_table(hook, late)
 
 
 def _hook_from_table(hook: Hook, late: bool) -> None:
@@ -300,8 +249,10 @@ def _hook_from_table(hook: Hook, late: bool) -> None:
     try:
         around, check_only = hook.hook, hook.check_only()
     except Exception as exc:
+        from .hooks._common import Finding, Verdict
+
         findings.setdefault(hook.target, Finding(hook.target, Verdict.UNRECOGNISED, f"{type(exc).__name__}: {exc}"))
-        _say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {hook.target} alone: {type(exc).__name__}: {exc}")
+        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {hook.target} alone: {type(exc).__name__}: {exc}")
         return
     _hook(hook.target, hook.judged, around, late, check_only)
 
@@ -309,14 +260,44 @@ def _hook_from_table(hook: Hook, late: bool) -> None:
 # ------------------------------------------------------------------ status
 
 
-def status_line(version: str | None, series_statuses=(), environ=None) -> str:
-    """One line for ``sglang-dcp-dspark status``: does the plugin fix this tree at run time, or only a series?
+# What the plugin carries on each release after the upstream fix, as its
+# judges find the code there (the per-release plugin tests hold the two to
+# each other): the sidecar guard from 0.5.19, the auto-size fix from 0.5.21
+# (where hicache_auto_size appears), the budget from 0.5.23 (where the stack
+# first sees the draft sidecar). The sharded draft backup stays series-only.
+SIDECAR_CARRIES = (
+    ("0.5.23", "counts the draft sidecar in --hicache-size, prices the draft sidecar in auto-sizing and stops a short "
+               "draft sidecar at startup"),
+    ("0.5.21", "prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup (the budget needs "
+               "0.5.23's CacheInitParams)"),
+    ("0.5.19", "stops a short draft sidecar at startup (no auto-sizing before 0.5.21; the budget needs 0.5.23's CacheInitParams)"),
+)
+SIDECAR_FROM = "0.5.19"
 
-    Judged from the version and the environment, without importing the tree:
-    the hooks were written for ``WRITTEN_FOR``; ``series_statuses`` (from
+
+def sidecar_carries(version: str | None) -> str | None:
+    """What the sidecar hooks do on this release, or None where they have nothing to hook."""
+    from .compat import parse_version
+
+    parsed = parse_version(version)
+    if parsed is None or parsed.release[:2] != (0, 5):
+        return None
+    for floor, does in SIDECAR_CARRIES:
+        if parsed >= parse_version(floor):
+            return does
+    return None
+
+
+def status_line(version: str | None, series_statuses=(), environ=None) -> str:
+    """One line for ``sglang-dcp-dspark status``: what the plugin does for this tree at run time, and what only a series would.
+
+    Judged from the version and the environment, without importing the tree;
+    at start-up the hooks judge the code itself. ``series_statuses`` (from
     ``series.inspect``) say whether a series is in the tree or would apply.
     """
     import os
+
+    from .hooks._common import FIXED_UPSTREAM_IN, version_at_least
 
     state = switch.plugin_state(os.environ if environ is None else environ)
     label = f"{'plugin ' + PLUGIN_NAME:<22} {('enabled' if state.enabled else 'off'):<18}"
@@ -325,11 +306,20 @@ def status_line(version: str | None, series_statuses=(), environ=None) -> str:
     series_fix = (
         f"`sglang-dcp-dspark apply --series {applicable[0]}`" if applicable else "no series here applies to this release"
     )
-    if version_at_least(version, FIXED_UPSTREAM_IN):
-        also = f"; series {applicable[0]} also applies: {series_fix}" if applicable else ""
-        return f"{label} sglang {version} carries the fix upstream; the plugin leaves it alone{also}"
     if applied:
         return f"{label} series {', '.join(applied)} applied; the plugin stands aside"
+    if version_at_least(version, FIXED_UPSTREAM_IN):
+        carries = sidecar_carries(version)
+        also = f"; series {applicable[0]} also applies: {series_fix}" if applicable else ""
+        if carries is None:
+            return f"{label} sglang {version} carries the fix upstream; the plugin leaves it alone{also}"
+        if not switch.entry_point_installed():
+            return (f"{label} sglang {version} carries the fix upstream; the dcp_dspark entry point is not installed "
+                    f"(pip install sglang-dcp-dspark), so nothing {carries.split(' (')[0]}{also}")
+        if not state.enabled:
+            return (f"{label} sglang {version} carries the fix upstream; {state.reason}, so the plugin's sidecar "
+                    f"hooks are off: {switch.TURN_ON}{also}")
+        return f"{label} sglang {version} carries the fix upstream; at run time the plugin {carries}{also}"
     if not handles(version):
         return f"{label} the plugin does not handle sglang {version or 'of unknown version'}; only a series would do: {series_fix}"
     if not switch.entry_point_installed():

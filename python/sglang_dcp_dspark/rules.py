@@ -149,3 +149,22 @@ class BudgetSplit:
     def share_without_dcp(self) -> float:
         """The target share PR #35875 would give: it misses the dcp factor."""
         return self.target_bytes_per_token / (self.target_bytes_per_token + self.draft_bytes_per_token)
+
+
+# ------------------------------------------------------------ the sidecar budget (sglang 0.5.23, upstream-next 0001)
+
+
+def device_bytes_per_token(kv_size_bytes: int, rows: int, page_size: int) -> float:
+    """A device pool's bytes per token: its KV buffers carry one padding page past ``size``."""
+    return kv_size_bytes / (rows + page_size)
+
+
+def sidecar_target_hicache_size(hicache_size: float, target_bytes: float, draft_bytes: float, dcp_size: int) -> float:
+    """The share of ``--hicache-size`` (GB) left for the target once full draft sidecars are paid.
+
+    Each target host row brings dcp_size draft rows (one per logical slot), so
+    the target gets t / (t + dcp_size * d). Evaluated as patches/upstream-next
+    0001 evaluates it, operation for operation, so the plugin and the series
+    give the same float and so the same rows.
+    """
+    return hicache_size * target_bytes / (target_bytes + dcp_size * draft_bytes)

@@ -56,7 +56,10 @@ class HostPoolSize:
 
     @classmethod
     def of(cls, pool) -> HostPoolSize:
-        buffer = pool.kv_buffer
+        # A KV host pool keeps kv_buffer; a DSA indexer host pool its index buffer.
+        buffer = getattr(pool, "kv_buffer", None)
+        if buffer is None:
+            buffer = pool.index_k_with_scale_buffer
         nbytes = sum(b.nbytes for b in buffer) if isinstance(buffer, (list, tuple)) else buffer.nbytes
         return cls(int(pool.size), logical_slots(pool), int(pool.page_size), int(pool.size_per_token), int(nbytes))
 

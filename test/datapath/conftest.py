@@ -18,12 +18,20 @@ KNOWN = TREE in matrix.TREES
 DRIVEN = KNOWN and bool(matrix.TREES[TREE][1])
 
 
+# Why a driven tree has no case of a kind (matrix.py plans them).
+NONE_PLANNED = {"budget": "the --hicache-size round trips run on the sglang 0.5.23 trees"}
+
+
 def plan(kind: str) -> list:
     """Parameters for one scenario on this run's tree; a visible skip where the tree is not driven."""
     if not DRIVEN:
         reason = matrix.NOT_DRIVEN if KNOWN else f"DCP_DSPARK_TREE={TREE} is not in test/datapath/matrix.py"
         return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="not-driven")]
-    planned = {"round_trip": matrix.round_trip_plan, "stress": matrix.stress_plan, "negative": matrix.negative_plan}[kind](TREE)
+    planned = {"round_trip": matrix.round_trip_plan, "stress": matrix.stress_plan, "negative": matrix.negative_plan,
+               "budget": matrix.budget_plan}[kind](TREE)
+    if not planned:
+        reason = f"{TREE}: {NONE_PLANNED.get(kind, f'no {kind} case is planned for this tree')}"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="none")]
     params = []
     for p in planned:
         marks = []
@@ -48,14 +56,25 @@ def halved_draft_host_pool(monkeypatch):
     scenarios.halve_draft_host_pool(monkeypatch)
 
 
+# The labels whose sglang is hooked by the installed plugin, loaded as a scheduler loads it (patches/trees.json).
+PLUGIN_TREES = frozenset({"plugin", "next-plugin"})
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _plugin_loaded():
+    if TREE not in PLUGIN_TREES:
+        return
+    # As sglang's schedulers do: the cache modules imported, then load_plugins() (idempotent per process).
+    # 0.5.17 registers the draft in kv_cache_builder; 0.5.23 builds its host pools in the hybrid
+    # assembler and auto-sizes them in hicache_auto_size.
     if TREE == "plugin":
-        # As sglang's schedulers do: kv_cache_builder first, then load_plugins() (idempotent per process).
         from sglang.srt.mem_cache import kv_cache_builder  # noqa: F401
-        from sglang.srt.plugins import load_plugins
+    else:
+        from sglang.srt.mem_cache import hicache_auto_size  # noqa: F401
+        from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler  # noqa: F401
+    from sglang.srt.plugins import load_plugins
 
-        load_plugins()
+    load_plugins()
 
 
 def pytest_collection_modifyitems(config, items):

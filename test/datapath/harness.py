@@ -63,6 +63,7 @@ class Case:
     page_size: int = 4  # physical page per rank; the allocator's and the tree's page is page_size * dcp_size
     device_pages: int = 8  # target device pages per rank
     host_ratio: float = 2.0  # --hicache-ratio
+    hicache_size: float = 0  # --hicache-size in GB; 0: the host pools are sized by host_ratio
     target_layers: int = 2
     draft_layers: int = 1
     kv_lora_rank: int = 24
@@ -85,9 +86,10 @@ class Case:
     def label(self) -> str:
         path = "" if self.draft_path == "default" else f" {self.draft_path}"
         backup = "" if self.draft_backup == "replicated" else f" {self.draft_backup} backup"
+        budget = f" --hicache-size {self.hicache_size:g}" if self.hicache_size else ""
         return (
             f"dcp{self.dcp_size} rank{self.dcp_rank} {self.layout}/{self.io_backend} "
-            f"{self.draft} draft{path}{backup}"
+            f"{self.draft} draft{path}{backup}{budget}"
         )
 
 
@@ -131,7 +133,7 @@ def _server_args(case: Case) -> SimpleNamespace:
     # The fields HiRadixCache, its controller and the draft registration read.
     return SimpleNamespace(
         hicache_ratio=case.host_ratio,
-        hicache_size=0,
+        hicache_size=case.hicache_size,
         hicache_mem_layout=case.layout,
         hicache_io_backend=case.io_backend,
         hicache_write_policy="write_through",
@@ -164,7 +166,7 @@ def _runtime_overrides(case: Case, server_args, dcp_group=None) -> Iterator[None
             # 0.5.18+ read the HiCache sizing fields from the published config bags.
             backup = {} if case.draft_backup == "replicated" else {"hicache_draft_backup": case.draft_backup}
             stack.enter_context(get_context().override_server_args(
-                hicache_ratio=case.host_ratio, hicache_size=0, hicache_mem_layout=case.layout,
+                hicache_ratio=case.host_ratio, hicache_size=case.hicache_size, hicache_mem_layout=case.layout,
                 hicache_io_backend=case.io_backend, hicache_write_policy="write_through",
                 hicache_storage_backend=None, dcp_size=case.dcp_size, tp_size=case.dcp_size, **backup,
             ))
@@ -610,5 +612,6 @@ class HiCacheRun:
 
 def case_from(planned, **changes) -> Case:
     """A Case for one entry of matrix.py's plans."""
-    fields = {k: getattr(planned, k) for k in ("dcp_size", "dcp_rank", "layout", "io_backend", "draft", "draft_path")}
+    fields = {k: getattr(planned, k)
+              for k in ("dcp_size", "dcp_rank", "layout", "io_backend", "draft", "draft_path", "hicache_size")}
     return replace(Case(**fields), **changes)

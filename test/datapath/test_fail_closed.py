@@ -9,7 +9,7 @@ import pytest
 
 from datapath.harness import Case
 from datapath.scenarios import round_trip
-from sglang_dcp_dspark import _probes, guard, plugin
+from sglang_dcp_dspark import _probes, decisions, guard, plugin
 from trees import TREE
 
 pytestmark = pytest.mark.skipif(
@@ -25,7 +25,7 @@ def hook_the_plugin_picks(monkeypatch):
     picked = []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, target, hook, kind, **kw: picked.append(hook)))
     monkeypatch.setattr(plugin, "findings", {})
-    monkeypatch.setattr(plugin, "_live", True)
+    monkeypatch.setattr(decisions, "_live", True)  # the decision log lives in decisions (plugin re-exports it)
 
     def decide():
         # Judged on sglang's own function: under DCP_DSPARK_TREE=plugin the module attribute is already hooked.

@@ -8,7 +8,9 @@ import shutil
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
-from .conftest import TREE_DIRS
+from .conftest import TREE_DIRS, series_only
+
+pytestmark = series_only("applying and reverting patches/upstream-next is the series' own check")
 
 STOCK = TREE_DIRS["next-stock"][0]
 

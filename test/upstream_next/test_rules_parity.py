@@ -1,5 +1,9 @@
 """upstream-next splits --hicache-size as the rule module does without the page hold-back, on sglang 0.5.23's own pools.
 
+On ``next-plugin`` the split is the plugin's (its hook on
+``build_kv_only_stack`` gives the target the same share as 0001, by
+``rules.sidecar_target_hicache_size``), so the same assertions hold there.
+
 The one difference is upstream's rounding, asserted here exactly: patch 0001
 gives the target t / (t + dcp_size * d) of the budget and holds nothing back
 for sglang's page rounding, so its target gets
@@ -25,12 +29,31 @@ BUDGETS_GB = (0.05, 1.0, 100.0)
 SAME_POOLS = dict(device_rows=1024, target_layers=2, draft_layers=1)
 
 
-def build_and_record(dcp: int, budget_gb: float):
-    """Build the pools; return them, the GB share upstream's split gave the target, and the rule's splits."""
+def _the_split():
+    """(module, name) of the function that gives the target its share of --hicache-size here; None on stock 0.5.23.
+
+    The series' ``_target_hicache_size`` (patch 0001), or on a plugin tree the
+    plugin's ``target_hicache_size``, which its hook on ``build_kv_only_stack``
+    calls with the same arguments (only where the plugin hooked that function).
+    """
     from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
 
+    if hasattr(assembler, "_target_hicache_size"):
+        return assembler, "_target_hicache_size"
+    from sglang_dcp_dspark import plugin
+
+    finding = plugin.findings.get("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_kv_only_stack")
+    if finding is not None and finding.verdict is plugin.Verdict.NEEDS_FIX:
+        from sglang_dcp_dspark.hooks import hybrid_pool_assembler as carrier
+
+        return carrier, "target_hicache_size"
+    return None
+
+
+def build_and_record(dcp: int, budget_gb: float):
+    """Build the pools; return them, the GB share upstream's split gave the target, and the rule's splits."""
     # Stock 0.5.23 has no split at all: nothing is recorded, and the test fails on its assertion.
-    split_by_upstream = getattr(assembler, "_target_hicache_size", None)
+    where = _the_split()
     given = []
 
     def record(*args, **kwargs):
@@ -38,7 +61,11 @@ def build_and_record(dcp: int, budget_gb: float):
         return given[-1]
 
     rank = P.Rank(dcp, hicache_size=budget_gb, **SAME_POOLS)
-    recording = mock.patch.object(assembler, "_target_hicache_size", record) if split_by_upstream else contextlib.nullcontext()
+    if where is None:
+        recording = contextlib.nullcontext()
+    else:
+        split_by_upstream = getattr(*where)
+        recording = mock.patch.object(*where, record)
     with P.on_rank(rank), recording:
         pools = P.build(rank)
     t, d = pools.target_host.size_per_token, pools.draft_host.size_per_token

@@ -1,8 +1,14 @@
 """The plugin's hooks, one module per patched sglang module, and the one table of them.
 
-vllm-ascend's layout: ``server_args`` (the resolver), ``kv_cache_builder``
-(the draft registration and its check-only guard hook), ``scheduler`` (the
-host-memory budget). :data:`HOOKS` is read by :func:`plugin.register`, which
+vllm-ascend's layout. For sglang 0.5.17: ``server_args`` (the resolver),
+``kv_cache_builder`` (the draft registration and its check-only guard hook),
+``scheduler`` (the host-memory budget). For the draft sidecar of 0.5.19 and
+later: ``hybrid_pool_assembler`` (the budget and the guard) and
+``hicache_auto_size`` (the auto-size estimate). Every entry is judged on the
+code it would patch, so a release gets only the hooks its code needs, and
+the carriers are imported only when their sglang module is.
+
+:data:`HOOKS` is read by :func:`plugin.register`, which
 registers each entry with sglang's HookRegistry when its module is imported,
 and by preflight, which evaluates a launch through the same entries
 (:meth:`Hook.wrap`, :func:`in_effect`): a hook added here reaches both.
@@ -14,28 +20,33 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-
-from ._common import Finding, Verdict, by_version
 
 
-@dataclass(frozen=True)
 class Hook:
-    module: str  # the sglang module whose import decides this hook
-    target: str  # dotted path, as sglang's HookRegistry takes it
-    carrier: str  # the module under hooks/ that holds judge and hook
-    judge_name: str  # (original | None) -> Finding: does the code need the hook?
-    hook_name: str  # AROUND hook, installed on NEEDS_FIX
-    does: str  # what the hook changes, for the decision log and docs
-    series_patch: str  # the series patch that carries the same change
-    check_only_name: str | None = None  # () -> AROUND hook | None, installed when the judge cannot tell
+    """One table entry. A plain class: ``plugin.register`` imports this table in every sglang process."""
+
+    __slots__ = ("module", "target", "carrier", "judge_name", "hook_name", "does", "series_patch", "check_only_name")
+
+    def __init__(self, *, module: str, target: str, carrier: str, judge_name: str, hook_name: str, does: str,
+                 series_patch: str, check_only_name: str | None = None) -> None:
+        self.module = module  # the sglang module whose import decides this hook
+        self.target = target  # dotted path, as sglang's HookRegistry takes it
+        self.carrier = carrier  # the module under hooks/ that holds judge and hook
+        self.judge_name = judge_name  # (original | None) -> Finding: does the code need the hook?
+        self.hook_name = hook_name  # AROUND hook, installed on NEEDS_FIX
+        self.does = does  # what the hook changes, for the decision log and docs
+        self.series_patch = series_patch  # the series patch that carries the same change
+        self.check_only_name = check_only_name  # () -> AROUND hook | None, installed when the judge cannot tell
+
+    def __repr__(self) -> str:
+        return f"Hook({self.target})"
 
     def _attr(self, name: str):
         # Looked up at call time, so a test that replaces a hook sees it used everywhere.
         return getattr(importlib.import_module(f"{__name__}.{self.carrier}"), name)
 
     @property
-    def judge(self) -> Callable[..., Finding]:
+    def judge(self) -> Callable:
         return self._attr(self.judge_name)
 
     @property
@@ -45,14 +56,18 @@ class Hook:
     def check_only(self) -> Callable | None:
         return self._attr(self.check_only_name)() if self.check_only_name else None
 
-    def judged(self, original: Callable | None = None) -> Finding:
+    def judged(self, original: Callable | None = None):
+        from ._common import by_version
+
         try:
             return self.judge(original) if original is not None else self.judge()
         except Exception as exc:  # a probe never breaks sglang's import
             return by_version(self.target, f"probe raised {type(exc).__name__}: {exc}")
 
-    def wrap(self, original: Callable, *, check_only: bool = True) -> tuple[Finding, Callable]:
+    def wrap(self, original: Callable, *, check_only: bool = True):
         """``original`` as the plugin would leave it: hooked, checked, or untouched; with the verdict."""
+        from ._common import Verdict
+
         finding = self.judged(original)
         around = None
         if finding.verdict is Verdict.NEEDS_FIX:
@@ -69,7 +84,11 @@ class Hook:
         return finding, hooked
 
 
+ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
+
 HOOKS: tuple[Hook, ...] = (
+    # sglang 0.5.17: the gate, the draft registration and the scheduler's budget.
     Hook(
         module="sglang.srt.server_args",
         target="sglang.srt.server_args.ServerArgs._resolve_hicache_dcp_compatibility",
@@ -98,12 +117,49 @@ HOOKS: tuple[Hook, ...] = (
         does="counts the replicated draft in --hicache-size and stops a launch whose host pools cannot fit",
         series_patch="sglang-0.5.17/0004",
     ),
+    # sglang 0.5.19 to 0.5.23, the draft sidecar: what patches/upstream-next 0001-0003 change.
+    Hook(
+        module=ASSEMBLER,
+        target=f"{ASSEMBLER}.build_kv_only_stack",
+        carrier="hybrid_pool_assembler",
+        judge_name="budget_verdict",
+        hook_name="count_sidecar_in_budget",
+        does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it",
+        series_patch="upstream-next/0001",
+    ),
+    Hook(
+        module=ASSEMBLER,
+        target=f"{ASSEMBLER}.build_kv_only_group",
+        carrier="hybrid_pool_assembler",
+        judge_name="group_verdict",
+        hook_name="size_target_from_share",
+        does="builds the target host pool at that share (the host_size argument upstream-next 0001 passes)",
+        series_patch="upstream-next/0001",
+    ),
+    Hook(
+        module=ASSEMBLER,
+        target=f"{ASSEMBLER}.build_full_draft_pools",
+        carrier="hybrid_pool_assembler",
+        judge_name="guard_verdict",
+        hook_name="guard_sidecar",
+        does="stops startup if the draft sidecar misses logical slots, and logs what HiCache pins per rank",
+        series_patch="upstream-next/0003",
+    ),
+    Hook(
+        module=AUTO_SIZE,
+        target=f"{AUTO_SIZE}._draft_bytes",
+        carrier="hicache_auto_size",
+        judge_name="auto_size_verdict",
+        hook_name="price_logical_rows",
+        does="prices the draft sidecar at dcp_size rows per target row in the auto-size estimate",
+        series_patch="upstream-next/0002",
+    ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
 
 
 @contextlib.contextmanager
-def in_effect(module: str) -> Iterator[dict[str, Finding]]:
+def in_effect(module: str) -> Iterator[dict]:
     """The hooks on ``module``'s targets applied for the duration, as the plugin would apply them.
 
     For a caller that must run sglang both ways in one process (preflight
@@ -113,13 +169,16 @@ def in_effect(module: str) -> Iterator[dict[str, Finding]]:
     import pkgutil
     from unittest import mock
 
-    findings: dict[str, Finding] = {}
+    findings: dict = {}
     with contextlib.ExitStack() as stack:
         for hook in HOOKS:
             if hook.module != module:
                 continue
             owner_path, name = hook.target.rsplit(".", 1)
-            owner = pkgutil.resolve_name(owner_path)
+            try:
+                owner = pkgutil.resolve_name(owner_path)
+            except (ImportError, AttributeError):  # a module this release does not have
+                continue
             original = getattr(owner, name, None)
             if original is None:
                 continue

@@ -59,15 +59,19 @@ def probing() -> Iterator[None]:
 
     Lines like "KV Cache is allocated ... #tokens: 64" would read as the real
     pools' in the launcher. The probe's outcome is reported by the decision
-    line instead. Probes run single-threaded inside an import or load_plugins().
+    line instead; so is the budget line the plugin's own hooks write when a
+    probe runs through them. Probes run single-threaded inside an import or
+    load_plugins().
     """
-    sglang_logger = logging.getLogger("sglang")
-    level = sglang_logger.level
-    sglang_logger.setLevel(logging.CRITICAL + 1)
+    quiet = [logging.getLogger(name) for name in ("sglang", "sglang_dcp_dspark.budget")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
-        sglang_logger.setLevel(level)
+        for lg, level in zip(quiet, levels, strict=True):
+            lg.setLevel(level)
 
 
 def version_at_least(version: str | None, floor: str) -> bool:
@@ -88,8 +92,7 @@ def by_version(target: str, why: str) -> Finding:
 
 
 def first_call() -> None:
-    """Every hook's first line: write the decisions if sglang's logging is set up by now (see plugin)."""
-    # Imported here: plugin imports the hook modules to build its table.
-    from .. import plugin
+    """Every hook's first line: write the plugin's held decision lines if sglang's logging is up (see decisions)."""
+    from .. import decisions
 
-    plugin._first_call()
+    decisions.first_call()

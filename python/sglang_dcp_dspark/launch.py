@@ -1,0 +1,288 @@
+"""A launch as the installed sglang resolves it, on a GPU node that is only described.
+
+preflight runs sglang's own argument resolution on any machine: the handful
+of torch.cuda probes resolution asks are answered as the target node would
+answer them (:func:`emulated_node`), sglang's log is kept off the terminal
+(:func:`quiet_sglang`), and the models are read from their ``config.json``
+alone. What the release then resolved is read back by its adapter
+(:mod:`releases`) into a :class:`Launch` of plain values, after sglang's own
+defaulting and resolution hooks have run; nothing here re-validates what
+sglang decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import traceback
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+from .errors import DcpDsparkError
+
+GIB = 1024**3
+FIX_PREFLIGHT = "sglang-dcp-dspark preflight [options] -- <sglang launch args>"
+
+
+@dataclass(frozen=True)
+class Node:
+    """The target machine, as its torch.cuda probes would describe it."""
+
+    gpus: int = 8
+    gpu_memory_gib: float = 141.0
+    gpu_name: str = "NVIDIA H200"
+    capability: tuple[int, int] = (9, 0)
+    # 8 x H200 with 2 TiB of host RAM is a DGX H200. The default describes the
+    # emulated node, like the GPU defaults: the machine preflight runs on is
+    # usually not the one the launch is for. None: this machine's available RAM.
+    host_ram_gib: float | None = 2048.0
+    host_ram_from: str = "the emulated node's default"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The fields of a resolved launch that its host pools depend on, as sglang resolved them."""
+
+    model_path: str
+    draft_model_path: str | None
+    tp_size: int
+    pp_size: int
+    nnodes: int
+    dcp_size: int
+    page_size: int
+    enable_hierarchical_cache: bool
+    # None where the release resolves it while building the pools: a decode
+    # server's ratio (against its retraction backup) or an auto-sized one.
+    hicache_ratio: float | None
+    hicache_size: float
+    hicache_mem_layout: str
+    hicache_io_backend: str | None
+    hicache_host_memory_mode: str | None  # 0.5.19 on
+    hicache_host_memory_fraction: float | None  # 0.5.21 on: auto-sizing, unless a ratio or size was given
+    hicache_storage_backend: str | None
+    speculative_algorithm: str | None
+    disaggregation_mode: str | None
+    mem_fraction_static: float | None
+    kv_cache_dtype: str
+    hicache_draft_backup: str | None = None  # patches/upstream-next 0005 only
+    # sglang's own resolved record, for the builders that take it (a decode server's model config).
+    record: object = field(default=None, compare=False, repr=False)
+
+    def fields(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "record"}
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size * self.dcp_size
+
+
+@dataclass
+class Resolution:
+    """sglang's verdict on the launch: the resolved launch, or its own refusal."""
+
+    passed: bool
+    message: str | None = None
+    launch: Launch | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_node_answers(node: Node) -> dict:
+    props = SimpleNamespace(
+        name=node.gpu_name, total_memory=int(node.gpu_memory_gib * GIB), major=node.capability[0],
+        minor=node.capability[1], multi_processor_count=132,
+    )
+    total = int(node.gpu_memory_gib * GIB)
+    return {
+        "is_available": True,
+        "device_count": node.gpus,
+        "get_device_capability": node.capability,
+        "get_device_properties": props,
+        "get_device_name": node.gpu_name,
+        "mem_get_info": (total, total),
+    }
+
+
+@contextlib.contextmanager
+def emulated_node(node: Node) -> Iterator[None]:
+    """Answer the runtime CUDA probes as ``node`` would; only while resolving."""
+    with contextlib.ExitStack() as stack:
+        for name, value in default_node_answers(node).items():
+            stack.enter_context(mock.patch(f"torch.cuda.{name}", return_value=value))
+        yield
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage().splitlines()[0])
+
+
+@contextlib.contextmanager
+def quiet_sglang() -> Iterator[_Collect]:
+    """sglang logs a lot while resolving and building pools; keep its warnings for the report, off the terminal."""
+    root = logging.getLogger()
+    collect = _Collect()
+    saved = root.handlers[:], root.level
+    root.handlers[:] = [collect]
+    root.setLevel(logging.WARNING)
+    try:
+        # prepare_server_args forces its own root handler; this call is not a server.
+        with mock.patch.object(logging, "basicConfig", lambda **kwargs: None):
+            yield collect
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+
+
+@contextlib.contextmanager
+def about_this_machine_quiet() -> Iterator[None]:
+    """Keep import-time notes about this machine's missing CUDA off the terminal.
+
+    sglang's kernel and quantization modules warn that their CUDA paths are
+    off (AWQ, GGUF, Triton), and torch's extension loader logs that it found
+    no CUDA runtime. That describes the machine preflight runs on, not the
+    emulated node; only these, and only while sglang's modules import.
+    """
+    torch_ext = logging.getLogger("torch.utils.cpp_extension")
+    level = torch_ext.level
+    torch_ext.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang(\.|$)")
+            yield
+    finally:
+        torch_ext.setLevel(level)
+
+
+def import_sglang() -> None:
+    with about_this_machine_quiet():
+        # Before any probe is patched: these modules decide at import time whether
+        # CUDA kernels exist, and must decide "no" on a machine without them.
+        import sglang.srt.configs.model_config
+        import sglang.srt.layers.quantization
+        import sglang.srt.server_args  # noqa: F401
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in raw launch arguments (only to find the model directories to read)."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def replace_option(argv: list[str], name: str, value: str) -> list[str]:
+    """``argv`` with ``name`` set to ``value`` (added when absent): one value of a sweep."""
+    out, i, found = [], 0, False
+    while i < len(argv):
+        arg = argv[i]
+        if arg == name and i + 1 < len(argv):
+            out += [name, value]
+            i, found = i + 2, True
+            continue
+        if arg.startswith(name + "="):
+            out.append(f"{name}={value}")
+            i, found = i + 1, True
+            continue
+        out.append(arg)
+        i += 1
+    return out if found else [*out, name, value]
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "num_hidden_layers")
+
+
+def read_config(path: str | None, flag: str) -> dict:
+    """A model's config.json, checked to be a readable JSON object (and a whole MLA config if it is one)."""
+    if path is None:
+        raise DcpDsparkError(f"no {flag} in the launch arguments; expected a local model directory; fix: sglang-dcp-dspark preflight -- {flag} DIR ...")
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise DcpDsparkError(f"{flag} {path} has no config.json; preflight reads only the model's config.json, expected DIR/config.json; fix: download it (huggingface-cli download MODEL config.json --local-dir DIR) and pass {flag} DIR")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = " ".join(str(exc).split())
+        raise DcpDsparkError(f"{config} is not readable JSON ({reason}); expected a Hugging Face config.json; fix: download it again (huggingface-cli download MODEL config.json --local-dir {path})") from None
+    if not isinstance(data, dict):
+        raise DcpDsparkError(f"{config} holds a JSON {type(data).__name__}, not an object; expected a Hugging Face config.json; fix: download it again (huggingface-cli download MODEL config.json --local-dir {path})")
+    # A config that names any MLA field is an MLA model to preflight, and its
+    # host pools are sized from all three; a partial one would size nothing.
+    if any(name in data for name in MLA_FIELDS[:2]):
+        bad = [f"{name}={data.get(name, 'missing')!r}" for name in MLA_FIELDS if not _positive_int(data.get(name))]
+        if bad:
+            raise DcpDsparkError(f"{config} is an MLA config with {', '.join(bad)}; expected positive integers for {', '.join(MLA_FIELDS)}; fix: download the model's own config.json again (huggingface-cli download MODEL config.json --local-dir {path})")
+    return data
+
+
+def served_architectures() -> frozenset[str]:
+    """The model classes the installed sglang serves: every ``EntryClass`` of ``sglang/srt/models``, read as text.
+
+    Read rather than imported: sglang's ModelRegistry imports every model
+    module to find them, which pulls in kernels a CPU machine does not have.
+    """
+    import re
+
+    import sglang.srt.models as models
+
+    names: set[str] = set()
+    for path in Path(models.__path__[0]).glob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for m in re.finditer(r"^EntryClass\s*=\s*(\[[^\]]*\]|[\w.]+)", text, re.M):
+            names.update(re.findall(r"\b([A-Z]\w+)\b", m.group(1)))
+    return frozenset(names)
+
+
+def check_architecture(config: dict, path: str, flag: str, release: str) -> None:
+    """A config whose architecture the release does not serve is bad input: sglang would fail at model load."""
+    archs = config.get("architectures") or []
+    if not archs or not isinstance(archs, list) or not isinstance(archs[0], str):
+        raise DcpDsparkError(f"{path}/config.json has no architectures list; expected e.g. \"architectures\": [\"DeepseekV3ForCausalLM\"]; fix: download the model's own config.json (huggingface-cli download MODEL config.json --local-dir {path})")
+    if archs[0] not in served_architectures():
+        raise DcpDsparkError(f"{path}/config.json names architecture {archs[0]}, which sglang {release} does not serve (no EntryClass in sglang/srt/models), so its launch would fail at model load; expected a model class of this release; fix: pass {flag} a model sglang {release} supports, or install a release that serves {archs[0]}")
+
+
+def config_load_failure(exc: BaseException, paths: dict[str, str], release: str) -> DcpDsparkError | None:
+    """The one-line bad-input error when sglang could not load a model's config, else None.
+
+    Decided by where the exception came from (transformers' config loading,
+    under sglang's ``get_config``), not by its wording, which transformers
+    changes between releases.
+    """
+    frames = [(f.filename.replace("\\", "/"), f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    loading = any("/transformers/" in name and ("configuration" in name or "dynamic_module" in name or "hub" in name)
+                  for name, _ in frames) or any(fn == "get_config" and "/sglang/" in name for name, fn in frames)
+    if not loading or not isinstance(exc, (ValueError, OSError, KeyError, ImportError)):
+        return None
+    text = " ".join(str(exc).split())
+    path = next((p for p in paths.values() if p and p in text), next(iter(paths.values())))
+    flag = next((f for f, p in paths.items() if p == path), "--model-path")
+    if "trust_remote_code" in text or "custom code" in text:
+        why = "needs the model's own Python code to load (its auto_map), which preflight does not run"
+        fix = f"download the model's configuration_*.py beside {path}/config.json and pass --trust-remote-code, or preflight a model whose model_type transformers knows"
+    elif "does not appear to have a file named" in text:
+        missing = text.split("file named", 1)[1].split(".")[0].strip() + ".py" if "file named" in text else "its code"
+        why = f"loads with --trust-remote-code only with {missing} beside it"
+        fix = f"download {missing} into {path} (huggingface-cli download MODEL {missing} --local-dir {path})"
+    elif "does not recognize this architecture" in text or "model type" in text:
+        model_type = text.split("model type", 1)[1].split()[0].strip("`'\"") if "model type" in text else "?"
+        why = f"has model_type {model_type}, which the installed transformers does not know"
+        fix = "upgrade transformers to a release that knows it, or pass the model's own config.json"
+    else:
+        why = f"cannot be loaded ({type(exc).__name__}: {text[:200]})"
+        fix = f"download the model's own config.json again (huggingface-cli download MODEL config.json --local-dir {path})"
+    return DcpDsparkError(f"{path}/config.json {why}; sglang {release} loads every model's config through transformers before it resolves a launch; fix: {fix} ({flag} {path})")

@@ -1,0 +1,358 @@
+"""What differs between sglang releases, for preflight: one adapter per release family.
+
+preflight asks every release the same two questions, and each release
+answers them with its own code:
+
+1. How does it resolve this launch? (:meth:`Release.resolve`, :meth:`Release.launch`):
+   sglang's own parser and resolution, and the resolved values read back the
+   way that release stores them.
+2. Which HiCache host pools does it build for rank 0, and how big are they?
+   (:meth:`Release.build`): its own pool builders, on the meta device.
+
+Each family is one module, named after its first release, that states what
+changed there and since when (:attr:`Release.changes`), so that a new release
+needs one new adapter rather than edits across preflight:
+
+- :mod:`.sglang_0_5_17`: fields resolved in ``__post_init__``; the target host
+  pool from ``HiRadixCache``; the draft from ``maybe_register_hicache_draft``.
+- :mod:`.sglang_0_5_18`: ``hicache_ratio`` may be left for a decode server to
+  resolve; pools read a published runtime context; the draft's legacy path.
+- :mod:`.sglang_0_5_19`: resolution is ``resolve_once()`` and is read through
+  ``resolution_result``; every pool comes from ``hybrid_pool_assembler`` (the
+  sidecar path); sglang's draft plans decide the draft.
+- :mod:`.sglang_0_5_21`: auto-sizing from ``--hicache-host-memory-fraction``;
+  one host-memory budget books every pool.
+
+:func:`installed` picks the adapter by asking the imported code, newest
+family first; the version only names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from ..errors import DcpDsparkError
+from ..sizing import MLAKV, HostPoolSize
+
+if TYPE_CHECKING:
+    from ..launch import Launch
+
+# Off by default: full-size pools on the meta device. The cross-checks build the
+# same pools at reduced scale with real CPU buffers and compare (test/releases).
+_real_buffers: contextvars.ContextVar[bool] = contextvars.ContextVar("dcp_dspark_real_buffers", default=False)
+
+
+@contextlib.contextmanager
+def real_buffers() -> Iterator[None]:
+    """Build with real CPU tensors instead of the meta device (small geometries only)."""
+    token = _real_buffers.set(True)
+    try:
+        yield
+    finally:
+        _real_buffers.reset(token)
+
+
+def on_meta() -> bool:
+    return not _real_buffers.get()
+
+
+FAMILIES = ("sglang_0_5_21", "sglang_0_5_19", "sglang_0_5_18", "sglang_0_5_17")
+
+
+@dataclass(frozen=True)
+class Models:
+    """What the configs say about the KV each model keeps (the rest is sglang's to read)."""
+
+    target: MLAKV
+    draft: MLAKV | None = None
+    draft_architecture: str | None = None
+    draft_nextn_layers: int = 0  # num_nextn_predict_layers of the draft's config (MTP)
+    dsa_index_head_dim: int | None = None  # a DSA target (index_topk set): its indexer's head dim
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """One host pool the release builds, named as the report names it."""
+
+    name: str  # "target KV", "draft sidecar", "DSA indexer", ...
+    role: str  # "target", "draft" or "extra"
+    built_by: str  # the sglang function or class that built it
+    size: HostPoolSize
+
+
+@dataclass
+class Built:
+    """Rank 0's host pools for one launch, as the release builds them (stock, hooked or patched)."""
+
+    pools: list[Pinned] = field(default_factory=list)
+    draft_plan: str | None = None  # sglang's HiCacheDraftMode, or "registration" before plans existed
+    draft_path: str | None = None  # the function that built the draft's host pool
+    hicache_ratio: float | None = None  # the ratio the pools were built at, after any auto-sizing
+    auto_sized_from: float | None = None  # the ratio auto-sizing started from, when it ran
+    target_hicache_size: float | None = None  # GB the target got, where something split --hicache-size
+    startup_error: str | None = None  # what sglang raised while building: the launch stops there
+    notes: list[str] = field(default_factory=list)
+
+    def pool(self, role: str) -> Pinned | None:
+        return next((p for p in self.pools if p.role == role), None)
+
+    @property
+    def target(self) -> HostPoolSize | None:
+        p = self.pool("target")
+        return p.size if p else None
+
+    @property
+    def draft(self) -> HostPoolSize | None:
+        p = self.pool("draft")
+        return p.size if p else None
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.size.bytes for p in self.pools)
+
+
+class Release:
+    """One release family. Subclasses override only what changed at their first release."""
+
+    first = "?"  # the family's first release
+    changes: tuple[str, ...] = ()  # what changed at ``first``, and since when
+
+    def __init__(self, version: str | None) -> None:
+        self.version = version or "unknown"
+        self.findings: dict = {}  # the plugin's verdict on each hook target it judged while this adapter worked
+
+    def decisions(self) -> dict[str, str]:
+        """What the plugin's hooks decided on this release, target by target."""
+        return {target: f"{f.verdict.name}: {f.detail}" for target, f in self.findings.items()}
+
+    @property
+    def name(self) -> str:
+        return f"sglang {self.version}"
+
+    @classmethod
+    def matches(cls) -> bool:
+        """Does the imported sglang have this family's code? Asked of the code, never of the version."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- resolution
+
+    def resolve(self, argv: list[str], *, hooked: bool = False):
+        """sglang's own parse and resolution of ``argv``; raises whatever sglang raises to refuse it.
+
+        ``hooked``: with the plugin's hooks on ``server_args`` in effect.
+        """
+        from sglang.srt.server_args import prepare_server_args
+
+        with self.hooks_on("sglang.srt.server_args", hooked):
+            return prepare_server_args(list(argv))
+
+    def value(self, args, name: str, default=None):
+        """A resolved field."""
+        return getattr(args, name, default)
+
+    def launch(self, args) -> Launch:
+        from ..launch import Launch
+
+        v = self.value
+        return Launch(
+            model_path=v(args, "model_path"), draft_model_path=v(args, "speculative_draft_model_path"),
+            tp_size=int(v(args, "tp_size", 1) or 1), pp_size=int(v(args, "pp_size", 1) or 1),
+            nnodes=int(v(args, "nnodes", 1) or 1), dcp_size=max(1, int(v(args, "dcp_size", 1) or 1)),
+            page_size=_int_or(v(args, "page_size"), 1),
+            enable_hierarchical_cache=bool(v(args, "enable_hierarchical_cache", False)),
+            hicache_ratio=v(args, "hicache_ratio"), hicache_size=float(v(args, "hicache_size", 0) or 0),
+            hicache_mem_layout=v(args, "hicache_mem_layout", "layer_first"),
+            hicache_io_backend=v(args, "hicache_io_backend"),
+            hicache_host_memory_mode=v(args, "hicache_host_memory_mode"),
+            hicache_host_memory_fraction=v(args, "hicache_host_memory_fraction"),
+            hicache_storage_backend=v(args, "hicache_storage_backend"),
+            speculative_algorithm=v(args, "speculative_algorithm"),
+            disaggregation_mode=v(args, "disaggregation_mode"),
+            mem_fraction_static=v(args, "mem_fraction_static"),
+            kv_cache_dtype=str(v(args, "kv_cache_dtype", "auto")),
+            hicache_draft_backup=v(args, "hicache_draft_backup"),
+            record=args,
+        )
+
+    # ---------------------------------------------------------------- pools
+
+    def build(self, launch: Launch, models: Models, device_rows: int, *, hooked: bool,
+              host_ram: int, backup: str | None = None) -> Built:
+        """Rank 0's host pools on the meta device.
+
+        ``hooked``: with the plugin's hooks in effect, judged as the plugin
+        judges them. ``host_ram``: the node's available host RAM in bytes;
+        sglang's own check against free RAM is answered from it the way the
+        release asks it (the whole node per pool, or this rank's share).
+        ``backup``: ``--hicache-draft-backup`` where the tree has it.
+        """
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- shared helpers
+
+    @staticmethod
+    def dtype(launch: Launch) -> str:
+        from ..sizing import KV_DTYPES
+
+        return KV_DTYPES.get(launch.kv_cache_dtype, "bfloat16")
+
+    @contextlib.contextmanager
+    def hooks_on(self, module: str, hooked: bool):
+        """The plugin's table entries on ``module`` in effect for the block, judged as the plugin judges them."""
+        if not hooked:
+            yield {}
+            return
+        from .. import hooks
+
+        with hooks.in_effect(module) as found:
+            self.findings.update(found)
+            yield found
+
+
+def _int_or(value, default: int) -> int:
+    """A resolved integer field; ``default`` only where sglang left it unset (0 stays 0, for the checks to see)."""
+    return default if value is None else int(value)
+
+
+def _device_pool(kv: MLAKV, rows: int, page_size: int, *, dsa_index_head_dim: int | None = None):
+    """sglang's MLA (or DSA) device pool on the meta device."""
+    import torch
+    from sglang.srt.mem_cache import memory_pool
+
+    common = dict(size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), kv_lora_rank=kv.kv_lora_rank,
+                  qk_rope_head_dim=kv.qk_rope_head_dim, layer_num=kv.layers, device="meta" if on_meta() else "cpu",
+                  enable_memory_saver=False)
+    if dsa_index_head_dim:
+        return memory_pool.DSATokenToKVPool(index_head_dim=dsa_index_head_dim,
+                                            kv_cache_dim=kv.kv_lora_rank + kv.qk_rope_head_dim, **common)
+    return memory_pool.MLATokenToKVPool(**common)
+
+
+def device_pools(launch: Launch, models: Models, device_rows: int) -> SimpleNamespace:
+    """The target's device pool on this rank, and the replicated draft's over the logical locs (loc_space_scale)."""
+    target = _device_pool(models.target, device_rows, launch.page_size, dsa_index_head_dim=models.dsa_index_head_dim)
+    draft = None
+    if models.draft is not None:
+        draft = _device_pool(models.draft, device_rows * launch.dcp_size, launch.page_size * launch.dcp_size)
+    return SimpleNamespace(target=target, draft=draft)
+
+
+def installed() -> Release:
+    """The adapter for the sglang this interpreter imports: the newest family whose code it has."""
+    from ..compat import installed_sglang_version
+    from ..launch import about_this_machine_quiet
+
+    version = installed_sglang_version()
+    with about_this_machine_quiet():  # the checks import sglang's cache modules
+        for name in FAMILIES:
+            module = importlib.import_module(f"{__name__}.{name}")
+            if module.Adapter.matches():
+                return module.Adapter(version)
+    raise DcpDsparkError(
+        f"preflight does not recognise the code of sglang {version or 'of unknown version'} (none of its release "
+        f"adapters, {', '.join(f.replace('sglang_', '').replace('_', '.') for f in FAMILIES)}, matches it); expected "
+        "sglang 0.5.17 to 0.5.23; fix: pip install sglang==0.5.23, or add an adapter in sglang_dcp_dspark/releases"
+    )
+
+
+@contextlib.contextmanager
+def host_pools_on_meta(available: int) -> Iterator[None]:
+    """Pre-0.5.19 host pools at full geometry that allocate nothing; sglang's free-RAM check sees ``available``.
+
+    From 0.5.19 :mod:`sidecar` does the same inside the runtime context.
+    """
+    import torch
+    from sglang.srt.mem_cache.pool_host import base, common
+
+    from ..sizing import _on_meta_mode
+
+    plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available))
+    with contextlib.ExitStack() as stack:
+        if on_meta():
+            if hasattr(common, "alloc_mmap"):
+                stack.enter_context(mock_patch(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")))
+            stack.enter_context(_on_meta_mode())
+        stack.enter_context(mock_patch(common, "_cuda_host_register", lambda *a, **k: None))
+        for module in (base, _optional("sglang.srt.mem_cache.memory_pool_host")):
+            if module is not None and hasattr(module, "psutil"):
+                stack.enter_context(mock_patch(module, "psutil", plenty))
+        yield
+
+
+def mock_patch(owner, name: str, value):
+    from unittest import mock
+
+    return mock.patch.object(owner, name, value)
+
+
+def _optional(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+
+# ---------------------------------------------------------------- sglang's own decisions, asked on stand-ins
+
+
+def draft_plan(launch: Launch, models: Models, draft_device_pool):
+    """The HiCacheDraftPlan the release's own ``BaseSpecWorker._build_hicache_draft_plan`` picks (0.5.18 on).
+
+    Asked inside a published runtime context, on stand-ins for the workers:
+    the target runner, and draft runners that carry the draft device pool
+    and the draft config's architecture and NextN layer count.
+    """
+    from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algorithm = SpeculativeAlgorithm.from_string(launch.speculative_algorithm)
+    runner = SimpleNamespace(
+        token_to_kv_pool=draft_device_pool, req_to_token_pool=SimpleNamespace(),
+        model_config=SimpleNamespace(num_nextn_predict_layers=models.draft_nextn_layers,
+                                     hf_config=SimpleNamespace(architectures=[models.draft_architecture or ""])),
+    )
+    worker = SimpleNamespace(
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_algorithm=algorithm, req_to_token_pool=SimpleNamespace())),
+        draft_worker=SimpleNamespace(model_runner=runner, draft_runners=[runner]),
+    )
+    worker._draft_model_runners = lambda: BaseSpecWorker._draft_model_runners(worker)
+    plan = BaseSpecWorker._build_hicache_draft_plan(worker)
+    return plan, tuple(worker.target_worker.model_runner.mtp_draft_device_pools or ())
+
+
+def plan_name(plan) -> str | None:
+    mode = getattr(plan, "mode", None)
+    return None if mode is None else str(getattr(mode, "name", mode)).upper()
+
+
+def decode_ratio(launch: Launch, target_device_pool) -> None:
+    """A decode server's HiCache ratio, as ``kv_cache_builder.resolve_decode_retraction_backup`` resolves it.
+
+    Needs the built KV pool, so sglang resolves it after the arguments; run
+    here inside the published runtime context, on a stand-in for the TP worker.
+    """
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache import kv_cache_builder
+
+    tp_worker = SimpleNamespace(
+        get_memory_pool=lambda: (None, SimpleNamespace(get_kvcache=lambda: target_device_pool)),
+        is_hybrid_swa=False, get_tokens_per_layer_info=lambda: (None, None),
+        model_runner=SimpleNamespace(mtp_draft_device_pools=(), spec_algorithm=_algorithm(launch),
+                                     # The model's own config, as sglang loads it: some releases ask it whether
+                                     # the model keeps recurrent state beside its KV.
+                                     model_config=ModelConfig.from_server_args(launch.record)),
+    )
+    kv_cache_builder.resolve_decode_retraction_backup(tp_worker=tp_worker)
+
+
+def _algorithm(launch: Launch):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm.from_string(launch.speculative_algorithm)

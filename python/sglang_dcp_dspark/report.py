@@ -1,0 +1,218 @@
+"""How preflight shows a judged launch: the text report, the sweep table, and the chart.
+
+Nothing here judges: every figure comes from the report :mod:`preflight`
+built from the release's own pools (:mod:`releases`) and the host-RAM model
+(:mod:`hostram`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from .hostram import gib
+
+# The chart's setups, in legend order; docs/preflight.md ("Sweeps") says what each one is.
+SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
+# Text chunk of the chart's PNG that carries the figures it was drawn from (the docs' freshness test reads it).
+PNG_DATA_KEY = "sglang-dcp-dspark sweep"
+
+
+def passes_detail(report: dict) -> str:
+    """One line for a launch that will start: what stock does, what the fix does, whether the node fits."""
+    release = report["release"]["sglang"]
+    stock = "stock sglang passes it too" if report["stock"]["passed"] else "stock sglang rejects it"
+    if report["stock"]["passed"] and (report.get("sizing") or {}).get("stock_startup_error"):
+        stock = "stock sglang passes its validation but stops at startup"
+    fix = "with the plugin it passes" if report["plugin"]["enabled"] else "the plugin is off"
+    sizing = report.get("sizing") or {}
+    if "host_ram" not in sizing:
+        return f"{stock}; {fix}; no HiCache host pools to pin: it will start"
+    coverage = sizing.get("draft_coverage")
+    if coverage is not None:
+        fix += f" and the draft host pool covers {'all' if coverage >= 1 else f'{coverage:.3f}'} of the target's logical slots"
+    ram, node = sizing["host_ram"], report["node"]
+    return (f"{stock}; {fix}; its host pools pin {gib(ram['needed_per_node'])} per node, within the "
+            f"{gib(ram['available'])} of the {node['gpus']} x {node['gpu_name']} node ({ram['available_from']}): "
+            f"it will start (judged by sglang {release})")
+
+
+def _judged_by(report: dict) -> str:
+    rel = report["release"]
+    applied = f" with {', '.join('patches/' + s for s in rel['series_applied'])} applied" if rel["series_applied"] else ""
+    return f"sglang {rel['sglang']}{applied} (its own resolution and pool builders; adapter {rel['adapter']}: since {rel['family_since']})"
+
+
+def render(report: dict) -> str:
+    out = []
+    verdict = "PASSES" if report["passed"] else "REJECTED"
+    state = "on" if report["plugin"]["enabled"] else "off"
+    out.append(f"launch {verdict} sglang {report['release']['sglang']}'s validation (as run with the dcp_dspark plugin {state})")
+    out.append(f"  {'judged by':<13} {_judged_by(report)}")
+    out.append(f"  {'plugin':<13} {report['plugin']['reason']}")
+    for label, key in (("stock sglang", "stock"), ("with plugin", "with_plugin")):
+        r = report[key]
+        out.append(f"  {label:<13} {'passes' if r['passed'] else 'rejected: ' + r['message']}")
+    sizing = report.get("sizing")
+    if sizing and "skipped" in sizing:
+        out.append(f"  host pools: {sizing['skipped']}")
+    elif sizing:
+        out.extend(_render_sizing(sizing, report))
+    out.append("")
+    out.append(report["verdict"]["line"])
+    return "\n".join(line.rstrip() for line in out)
+
+
+def _pool_lines(pools: list[dict], coverage: float | None, label: str = "") -> list[str]:
+    out = []
+    for p in pools:
+        cov = f"{coverage:.3f}" if p["role"] == "draft" and coverage is not None else ""
+        out.append(f"  {(label + p['name'])[:30]:<30} {p['rows']:>13,} {p['bytes_per_token']:>8,} {gib(p['bytes']):>14} "
+                   f"{gib(p['per_node_bytes']):>14} {cov:>9}")
+    return out
+
+
+def _render_sizing(sizing: dict, report: dict) -> list[str]:
+    out = ["", f"DCP geometry (rank 0 of {sizing['dcp_size']}):"]
+    out.append(f"  page size       {sizing['page_size']} physical, {sizing['logical_page_size']} logical")
+    out.append(f"  device rows     {sizing['device_rows']:,} physical per rank ({sizing['device_rows_note']})")
+    ratio = sizing.get("hicache_ratio")
+    if sizing.get("auto_sized_from") is not None and ratio != sizing["auto_sized_from"]:
+        out.append(f"  host ratio      {ratio:.4g}, auto-sized by sglang from {sizing['auto_sized_from']:g} "
+                   "(--hicache-host-memory-fraction of this rank's share of the node's RAM)")
+    elif sizing.get("auto_sized_from") is not None:
+        out.append(f"  host ratio      {ratio:g}, as sglang resolved it; its auto-sizing kept it (the pools fit "
+                   "--hicache-host-memory-fraction of this rank's share of the node's RAM)")
+    elif report.get("resolved", {}).get("hicache_size"):
+        out.append(f"  host size       --hicache-size {report['resolved']['hicache_size']:g} GB per rank (decimal)")
+    elif ratio is not None:
+        out.append(f"  host ratio      {ratio:g}, as sglang resolved it")
+    target = next((p for p in sizing["pools"] if p["role"] == "target"), None)
+    if target:
+        out.append(f"  target host     {target['rows']:,} physical rows, {target['logical_slots']:,} logical slots")
+    if sizing.get("draft_plan"):
+        out.append(f"  draft           plan {sizing['draft_plan']}, {sizing['draft_path'] or 'no draft host pool'}")
+    out.append("")
+    out.append(f"  {'host pool':<30} {'rows/rank':>13} {'B/token':>8} {'pinned/rank':>14} {'pinned/node':>14} {'coverage':>9}")
+    out.extend(_pool_lines(sizing["pools"], sizing.get("draft_coverage")))
+    stock = sizing.get("stock_pools")
+    if stock is not None and stock != sizing["pools"]:
+        stock_draft = [p for p in stock if p["role"] == "draft"]
+        others = [p for p in stock if p["role"] != "draft" and p not in sizing["pools"]]
+        out.extend(_pool_lines(others + stock_draft, sizing.get("draft_coverage_stock"), "stock: "))
+        if sizing.get("stock_startup_error"):
+            out.append(f"  stock sglang stops here: {sizing['stock_startup_error']}")
+    ram = sizing["host_ram"]
+    n = sizing["ranks_per_node"]
+    out.append("")
+    out.append(f"Host RAM ({n} ranks per node, as run):")
+    if ram.get("startup_error"):
+        out.append(f"  needed          at least {gib(ram['needed_per_rank'])} per rank, {gib(ram['needed_per_node'])} per node "
+                   "(the pools built before startup stopped)")
+    else:
+        out.append(f"  needed          {gib(ram['needed_per_rank'])} per rank, {gib(ram['needed_per_node'])} per node")
+    if ram.get("budget_per_rank"):
+        got = sum(p["bytes"] for p in sizing["pools"])
+        split = f"; the target got {sizing['target_hicache_size']:.2f} GB of it" if sizing.get("target_hicache_size") else ""
+        held = "holds" if got <= ram["budget_per_rank"] + max((p["page_size"] * p["bytes_per_token"] for p in sizing["pools"]), default=0) * 2 else "does NOT hold"
+        out.append(f"  budget          --hicache-size {ram['budget_per_rank'] / 1e9:g} GB (= {gib(ram['budget_per_rank'])}) per rank {held} every pool{split}")
+    fits = "fits" if ram["fits"] else "does NOT fit"
+    if ram.get("startup_error"):
+        fits = f"{fits} (so far; startup stops first)"
+    out.append(f"  available       {gib(ram['available'])} ({ram['available_from']}) less sglang's {gib(ram['reserve'])} reserve: {fits}")
+    for mode, b in (sizing.get("backups") or {}).items():
+        stop = f" (stops: {b['startup_error']})" if b.get("startup_error") else ""
+        held = f", target {b['target_logical_slots']:,} tokens" if b.get("target_logical_slots") else ""
+        out.append(f"  --hicache-draft-backup {mode:<10} {gib(b['per_rank'])} per rank, {gib(b['per_node'])} per node{held}{stop}")
+    return out
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def variants(release, report: dict, node) -> dict:
+    """Pinned bytes per node of the chart's setups for one judged launch (see :data:`SETUPS`)."""
+    sizing = report.get("sizing") or {}
+    return sizing.get("variants") or {}
+
+
+def render_sweep(result: dict) -> str:
+    out = [f"preflight sweep of {result['flag']} on sglang {result['release']} ({len(result['rows'])} launches, sglang imported once)", ""]
+    out.append(f"  {result['flag']:<14} {'target tokens in host':>22} {'draft pinned/node':>18} {'pinned/node':>14}  verdict")
+    for row in result["rows"]:
+        sizing = row["report"].get("sizing") or {}
+        pools = sizing.get("pools") or []
+        target = next((p for p in pools if p["role"] == "target"), None)
+        draft = sum(p["per_node_bytes"] for p in pools if p["role"] == "draft")
+        total = (sizing.get("host_ram") or {}).get("needed_per_node")
+        verdict = row["report"]["verdict"]
+        tokens = f"{target['logical_slots']:,}" if target else "-"
+        out.append(f"  {row['value']:<14} {tokens:>22} {gib(draft) if pools else '-':>18} {gib(total) if total is not None else '-':>14}  "
+                   f"{verdict['outcome']} (exit {verdict['code']})")
+    if any(r.get("variants") for r in result["rows"]):
+        out += ["", f"  pinned host memory per node by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
+        for row in result["rows"]:
+            cells = [f"{name} {gib(v['per_node']) if v.get('per_node') is not None else '-'}" for name, v in row["variants"].items()]
+            out.append(f"  {row['value']:<14} " + "; ".join(cells))
+    if result.get("plot"):
+        out += ["", f"  chart: {result['plot']}"]
+    return "\n".join(line.rstrip() for line in out)
+
+
+def chart_data(result: dict) -> dict:
+    """The figures a chart is drawn from, as a plain object (embedded in the PNG, compared by the docs' test)."""
+    series = {name: [] for name in SETUPS}
+    for row in result["rows"]:
+        for name in SETUPS:
+            v = (row.get("variants") or {}).get(name) or {}
+            series[name].append(None if v.get("per_node") is None else round(v["per_node"] / 2**30, 2))
+    return {"release": result["release"], "flag": result["flag"], "values": [r["value"] for r in result["rows"]],
+            "pinned_gib_per_node": series,
+            "from": {name: next(((r.get("variants") or {}).get(name, {}).get("from") for r in result["rows"]
+                                 if (r.get("variants") or {}).get(name)), None) for name in SETUPS}}
+
+
+def plot(result: dict, path: str) -> str:
+    """A PNG of pinned host GiB per node against the swept value, one line per setup; returns its path."""
+    from .errors import DcpDsparkError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DcpDsparkError(f"--plot {path} needs matplotlib, which is not installed; expected the plot extra; fix: pip install 'sglang-dcp-dspark[plot]' (or drop --plot for the table alone)") from None
+    data = chart_data(result)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    x = [float(v) for v in data["values"]]
+    # Setups often coincide (no --hicache-size: the budget changes nothing), so each has its own line style.
+    styles = {"stock": ("o", "-"), "0.5.18+": ("s", "--"), "budgeted": ("^", "-."), "sharded": ("D", ":")}
+    for name, ys in data["pinned_gib_per_node"].items():
+        if all(y is None for y in ys):
+            continue
+        label = name + ("" if (data["from"].get(name) or "").startswith("sglang") else " (model)")
+        marker, line = styles.get(name, ("o", "-"))
+        ax.plot(x, [float("nan") if y is None else y for y in ys], marker=marker, linestyle=line, label=label, alpha=0.85)
+    ax.set_xlabel(result["flag"])
+    ax.set_ylabel("pinned host GiB per node")
+    ax.set_xticks(x)
+    ax.set_title(f"HiCache host pools per node, sglang {data['release']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png", metadata={"Software": None, PNG_DATA_KEY: json.dumps(data, sort_keys=True)})
+    except OSError as exc:
+        raise DcpDsparkError(f"cannot write the chart to {path}: {exc.strerror}; expected a writable file path; fix: pass --plot a path in a writable directory") from None
+    finally:
+        plt.close(fig)
+    return path
+
+
+def read_chart_data(path: str) -> dict | None:
+    """The figures embedded in a chart this module wrote (None if it carries none)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        text = image.text.get(PNG_DATA_KEY) if hasattr(image, "text") else None
+    return None if text is None else json.loads(text)

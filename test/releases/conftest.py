@@ -1,0 +1,60 @@
+"""preflight and the plugin on every sglang release of patches/trees.json, each judged by that release's own code.
+
+`make test` runs this directory on every tree whose test_dirs list it (0.5.18,
+0.5.19 to 0.5.22, 0.5.23 and 0.5.23 with patches/upstream-next), and the stock
+run takes all of test/, so 0.5.17 too. Each run imports its tree's sglang once
+and judges every launch of the matrix in-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import pytest
+
+from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from tree_table import TREES
+from trees import TREE, imported_tree
+
+RELEASE_TREES = {label for label, t in TREES.items() if "test/releases" in t.test_dirs} | {"stock"}
+
+if TREE not in RELEASE_TREES:
+    collect_ignore_glob = ["test_*.py"]
+
+
+def pytest_report_header(config):
+    if TREE in RELEASE_TREES:
+        return f"release run on: {TREE} ({locate_tree(None).describe()})"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def release_tree():
+    """The imported sglang is the label's tree, at the table's release."""
+    row = TREES[TREE]
+    tree = imported_tree(row.path)
+    assert tree.version == row.sglang, f"DCP_DSPARK_TREE={TREE} expects sglang {row.sglang}, imported {tree.version}"
+    return row
+
+
+def preflight(*argv: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """``sglang-dcp-dspark preflight --json ARGV`` in this process: exit code, report, stderr.
+
+    The plugin switches are as an operator's shell has them by default (unset), unless ``env`` sets them.
+    """
+    from sglang_dcp_dspark.__main__ import main
+
+    saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
+    os.environ.update(env or {})
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["preflight", "--json", *argv])
+    finally:
+        for name in (env or {}):
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+    return code, json.loads(out.getvalue()), err.getvalue()

@@ -1,0 +1,66 @@
+"""preflight's full-size figures come off the meta device; here the same pools are built with real CPU buffers at reduced scale.
+
+Rows, logical slots, page, bytes per token and buffer bytes of every pool,
+and so the draft's coverage, must be equal both ways, on every release: the
+meta device changes where the bytes would live, never how many there are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_dcp_dspark import launch as launch_mod
+from sglang_dcp_dspark import preflight, releases
+from sglang_dcp_dspark.compat import parse_version
+from tree_table import TREES
+from trees import TREE
+
+RELEASE = TREES[TREE].sglang
+DATA = Path(__file__).resolve().parents[1] / "data"
+TINY = str(DATA / "tiny-mla")
+DSA = str(DATA / "deepseek-v32")
+
+
+def _launch(argv: list[str]):
+    release, argv, configs = preflight.prepare(argv, launch_mod.Node(), 1024)
+    resolution = preflight.resolve(release, argv, launch_mod.Node(), configs["paths"], hooked=True)
+    assert resolution.passed, resolution.message
+    la = resolution.launch
+    return release, la, preflight.models_of(la, configs["target"], configs["draft"], release.version)
+
+
+def _figures(built) -> list[tuple]:
+    return [(p.name, p.role, p.size) for p in built.pools]
+
+
+CASES = {
+    "MLA target + DSPARK draft, dcp 2": ["--model-path", TINY, "--tp", "2", "--dcp-size", "2", "--enable-hierarchical-cache",
+                                         "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", TINY],
+    # (--hicache-size is whole GB in sglang: real buffers at that size are the full-scale tests' job, on meta.)
+    "MLA target + DSPARK draft, dcp 4, --hicache-ratio 3, --page-size 16": [
+        "--model-path", TINY, "--tp", "4", "--dcp-size", "4", "--enable-hierarchical-cache", "--hicache-ratio", "3",
+        "--page-size", "16", "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", TINY],
+    "DSA target (indexer pool), no draft": ["--model-path", DSA, "--tp", "2", "--enable-hierarchical-cache"],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("hooked", [False, True], ids=["stock", "with-plugin"])
+def test_meta_figures_equal_real_cpu_pools(name, hooked):
+    release, la, models = _launch(CASES[name])
+    ram = 64 * 2**30
+    meta = release.build(la, models, 1024, hooked=hooked, host_ram=ram)
+    with releases.real_buffers():
+        real = release.build(la, models, 1024, hooked=hooked, host_ram=ram)
+    assert meta.startup_error == real.startup_error
+    assert _figures(meta) == _figures(real)
+    assert meta.pools, "nothing was built"
+    if models.dsa_index_head_dim:
+        assert "DSA indexer" in [p.name for p in meta.pools]
+    if models.draft is not None and meta.draft is not None:
+        # The same coverage both ways, and (stock 0.5.17 aside) the whole logical slot space.
+        assert meta.draft.logical_slots == real.draft.logical_slots
+        if hooked or parse_version(RELEASE) >= parse_version("0.5.18"):
+            assert meta.draft.logical_slots >= meta.target.logical_slots

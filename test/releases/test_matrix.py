@@ -1,0 +1,185 @@
+"""One launch matrix on every release: each launch ends with a verdict from the documented set, as that release judges it.
+
+The expected exit codes are what each release's own code does (read in its
+wheel, then run): the flags it lacks are its parser's one-line refusal, never
+a check of preflight's on a value nobody passed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_dcp_dspark.compat import parse_version
+from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
+from tree_table import TREES
+from trees import TREE
+
+from .conftest import preflight
+
+RELEASE = TREES[TREE].sglang
+DATA = Path(__file__).resolve().parents[1] / "data"
+V3, DRAFT = str(DEFAULT_MODEL), str(DEFAULT_DRAFT)
+DCP8 = ["--model-path", V3, "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
+DSPARK = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", DRAFT]
+ROWS = ["--device-rows", "100000"]
+
+
+def since(version: str) -> bool:
+    return parse_version(RELEASE) >= parse_version(version)
+
+
+# name -> (preflight's own options, the launch, the exit code on this release)
+MATRIX = {
+    "embedded default": ([], None, 0),
+    "no draft": (ROWS, DCP8, 0),
+    "DSPARK": (ROWS, DCP8 + DSPARK, 0),
+    "--hicache-size": (ROWS, DCP8 + DSPARK + ["--hicache-size", "100"], 0),
+    "--page-size 64": (ROWS, DCP8 + DSPARK + ["--page-size", "64"], 0),
+    # A decode server leaves its ratio for kv_cache_builder to resolve against its retraction backup.
+    # Under DCP every release refuses PD decode with HiCache, so this one runs at tp 8 alone.
+    "decode disaggregation": (ROWS, ["--model-path", V3, "--tp", "8", "--enable-hierarchical-cache",
+                                     "--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"], 0),
+    "decode disaggregation under DCP": (ROWS, DCP8 + ["--disaggregation-mode", "decode"], 1),
+    # --hicache-host-memory-mode arrives in 0.5.19: before, it is an unknown flag to sglang's parser.
+    "buffer_only with a storage backend": (ROWS, ["--model-path", V3, "--tp", "8", "--enable-hierarchical-cache",
+                                                  "--hicache-host-memory-mode", "buffer_only", "--hicache-storage-backend", "file"],
+                                           0 if since("0.5.19") else 2),
+    # Under DCP the L3 backend is refused by every release (0.5.23 still refuses it in buffer_only).
+    "buffer_only with a storage backend under DCP": (ROWS, DCP8 + ["--hicache-host-memory-mode", "buffer_only",
+                                                                   "--hicache-storage-backend", "file"],
+                                                     1 if since("0.5.19") else 2),
+}
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_every_launch_ends_with_its_verdict(name):
+    options, launch, want = MATRIX[name]
+    code, report, err = preflight(*options, *(["--", *launch] if launch else []))
+    assert "Traceback" not in err, err[-3000:]
+    assert code == want == report["verdict"]["code"], (code, report["verdict"]["line"], err[-500:])
+    line = report["verdict"]["line"]
+    assert line.startswith(f"verdict: {report['verdict']['outcome']} (exit {code}): ") and "\n" not in line
+    if code == 2:
+        # Bad input only for what was passed: here a flag this release does not have, in its parser's words.
+        assert "unrecognized arguments: --hicache-host-memory-mode" in report["error"] and err.count("\n") == 1
+        return
+    if code == 0 and launch is not None and "--enable-hierarchical-cache" in launch:
+        assert report["release"]["sglang"] == RELEASE
+        ram = report["sizing"]["host_ram"]
+        assert ram["needed_per_node"] == ram["needed_per_rank"] * report["sizing"]["ranks_per_node"] > 0
+        # Read after sglang resolved it: the ratio the pools were built at is a number, whoever resolved it.
+        assert report["sizing"]["hicache_ratio"] > 0
+
+
+def test_the_embedded_default_passes_with_a_draft_covering_every_logical_slot():
+    code, report, err = preflight()
+    assert code == 0 and "PASSES" in report["verdict"]["line"] and err == "", err[-2000:]
+    sizing = report["sizing"]
+    assert sizing["draft_coverage"] >= 1.0
+    assert [p["name"] for p in sizing["pools"]][0] == "target KV"
+    assert report["release"]["sglang"] == RELEASE and report["release"]["adapter"].startswith("sglang_0_5_")
+    # Which path the draft took, by release: the registration (0.5.17), the legacy sidecar (0.5.18), the assembler's sidecar.
+    want_path = ("maybe_register_hicache_draft" if not since("0.5.18")
+                 else "_register_legacy_hicache_draft" if not since("0.5.19") else "build_full_draft_pools")
+    assert want_path in sizing["draft_path"]
+    assert sizing["draft_plan"] == ("registration" if not since("0.5.18") else "SIDECAR")
+
+
+def test_the_decode_server_ratio_is_resolved_by_the_release():
+    _, launch, _ = MATRIX["decode disaggregation"]
+    code, report, _ = preflight(*ROWS, "--", *launch)
+    assert code == 0
+    if since("0.5.18"):
+        assert report["resolved"]["hicache_ratio"] is None  # left for kv_cache_builder, as sglang leaves it
+    # An MLA pool's retraction backup is cpu_tensor: the standard 2.0.
+    assert report["sizing"]["hicache_ratio"] == 2.0
+
+
+# --hicache-ratio 2 stated: from 0.5.21 auto-sizing would otherwise bring the ratio down until the pools fit.
+DSA_LAUNCH = ["--device-rows", "1650000", "--", "--model-path", str(DATA / "deepseek-v32"), "--tp", "8", "--dcp-size", "8",
+              "--enable-hierarchical-cache", "--hicache-ratio", "2", *DSPARK]
+
+
+def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
+    """DeepSeek-V3.2 at 1.65M device rows with DSPARK at tp 8 / dcp 8: about 2,152 GiB per node with the indexer."""
+    code, report, err = preflight(*DSA_LAUNCH)
+    assert "Traceback" not in err
+    if since("0.5.22"):
+        assert code == 1 and "DSA DCP does not support HiSparse or HiCache." in report["verdict"]["line"]
+        return
+    assert code == 3, report["verdict"]["line"]
+    pools = {p["name"]: p for p in report["sizing"]["pools"]}
+    indexer = pools["DSA indexer"]
+    assert indexer["bytes_per_token"] == 61 * 132  # 128 + 128 // 128 * 4 bytes per token per layer
+    assert indexer["rows"] >= pools["target KV"]["rows"]
+    ram = report["sizing"]["host_ram"]
+    if since("0.5.19"):
+        # sglang books each pool against this rank's share of the node's RAM and refuses the draft sidecar,
+        # the last pool it builds, once the target and the indexer have taken most of it.
+        assert "Not enough host memory available" in ram["startup_error"], report["verdict"]["line"]
+    else:
+        # Each pool is checked against the whole node's free RAM there; the node does not hold them all.
+        assert ram["needed_per_node"] > 2_100 * 2**30 and not ram["fits"]
+        assert "host pools need 2,15" in report["verdict"]["line"] and "more than the 2,038.00 GiB left" in report["verdict"]["line"]
+
+
+@pytest.mark.skipif(not since("0.5.21") or since("0.5.22"), reason="0.5.21 is the one release that auto-sizes a DSA launch under DCP")
+def test_auto_sizing_brings_the_dsa_launch_into_the_node_with_the_fix():
+    at = DSA_LAUNCH.index("--hicache-ratio")
+    launch = DSA_LAUNCH[:at] + DSA_LAUNCH[at + 2:]
+    code, report, _ = preflight(*launch)
+    assert code == 0 and report["sizing"]["hicache_ratio"] < 2 and "DSA indexer" in [p["name"] for p in report["sizing"]["pools"]]
+    assert "Not enough host memory available" in report["sizing"]["stock_startup_error"]
+
+
+@pytest.mark.parametrize("config,says", [
+    ("minicpm3", "config.json needs the model's own Python code to load"),
+    ("unknown-arch", "names architecture NoSuchModelForCausalLM, which sglang"),
+])
+def test_a_config_the_release_cannot_load_is_one_line_of_bad_input(config, says):
+    code, report, err = preflight("--", "--model-path", str(DATA / config), "--tp", "8", "--dcp-size", "8",
+                                  "--enable-hierarchical-cache")
+    assert code == 2 and report["verdict"]["outcome"] == "BAD INPUT"
+    assert says in err and err.count("\n") == 1 and "fix: " in err and "Traceback" not in err
+    assert f"sglang {RELEASE}" in err
+
+
+@pytest.mark.skipif(not since("0.5.21"), reason="auto-sizing (--hicache-host-memory-fraction) arrives in 0.5.21")
+def test_auto_sizing_short_of_the_draft_stops_stock_and_the_fix_fits():
+    """At 400 GiB for 8 ranks, stock auto-sizing prices the DCP8 draft sidecar at 1/dcp and runs out of host memory."""
+    argv = ("--host-ram-gib", "400", "--device-rows", "540000")
+    code, report, _ = preflight(*argv)
+    sizing = report["sizing"]
+    assert sizing["auto_sized_from"] == 2.0
+    # As run (the plugin on, or the series): the estimate counts the draft, the ratio comes down, the pools fit.
+    assert code == 0 and sizing["hicache_ratio"] < 2.0
+    if "upstream-next" in report["release"]["series_applied"]:
+        assert sizing["stock_pools"] is None  # the series sizes it; the plugin stands aside, stock builds the same
+    else:
+        assert "Not enough host memory available" in sizing["stock_startup_error"]
+        off, report_off, _ = preflight(*argv, env={"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"})
+        assert off == 3 and "Not enough host memory available" in report_off["verdict"]["line"]
+
+
+@pytest.mark.skipif(since("0.5.21"), reason="from 0.5.21 the ratio is auto-sized")
+def test_no_auto_sizing_before_0_5_21():
+    code, report, _ = preflight("--host-ram-gib", "400", "--device-rows", "540000")
+    assert report["sizing"]["auto_sized_from"] is None and report["sizing"]["hicache_ratio"] == 2.0
+
+
+@pytest.mark.skipif(TREE != "next-patched", reason="--hicache-draft-backup is upstream-next's (0005)")
+def test_the_series_budget_and_both_draft_backups_side_by_side():
+    code, report, _ = preflight(*ROWS, "--", *DCP8, *DSPARK, "--hicache-size", "100")
+    assert code == 0 and report["release"]["series_applied"] == ["upstream-next"]
+    backups = report["sizing"]["backups"]
+    replicated, sharded = backups["replicated"], backups["sharded"]
+    # The same budget holds both; sharded, the target gets the draft's share back (t / (t + d) rather than t / (t + 8 d)).
+    for b in (replicated, sharded):
+        assert b["per_rank"] <= 100e9 + 70_272 * 64 and b["per_node"] == 8 * b["per_rank"]
+    assert sharded["target_logical_slots"] > replicated["target_logical_slots"]
+    # Replicated, a draft row per logical slot; sharded, one per target row (this rank's stripe).
+    for mode, per_target_row in (("replicated", 8), ("sharded", 1)):
+        rows = {p["role"]: p["rows"] for p in backups[mode]["pools"]}
+        assert rows["draft"] == rows["target"] * per_target_row, (mode, rows)

@@ -1,0 +1,93 @@
+"""The plugin's decisions on every release, judged on its code, and ``status`` saying the same.
+
+Each table entry's judge runs here on this release's own functions, in-process
+(sglang's HookRegistry is not touched: nothing is hooked for the rest of the
+run). A judge never guesses from the version; ``status``, which must answer
+without importing the tree, does, and this test holds the two together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from sglang_dcp_dspark import hooks, plugin
+from sglang_dcp_dspark.compat import locate_tree, parse_version
+from sglang_dcp_dspark.hooks._common import Verdict
+from tree_table import TREES
+from trees import TREE
+
+RELEASE = TREES[TREE].sglang
+SERIES_TREE = TREE == "next-patched"
+ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+# What status says for each sidecar hook the plugin installs on a release.
+STATUS_PHRASE = {
+    f"{ASSEMBLER}.build_kv_only_stack": "counts the draft sidecar in --hicache-size",
+    f"{ASSEMBLER}.build_full_draft_pools": "stops a short draft sidecar at startup",
+    "sglang.srt.mem_cache.hicache_auto_size._draft_bytes": "prices the draft sidecar in auto-sizing",
+}
+
+
+def since(version: str) -> bool:
+    return parse_version(RELEASE) >= parse_version(version)
+
+
+def _judged() -> dict[str, Verdict]:
+    import importlib
+
+    verdicts = {}
+    for hook in hooks.HOOKS:
+        try:
+            importlib.import_module(hook.module)
+        except ImportError:
+            continue  # a module this release does not have: the plugin never hears of it
+        verdicts[hook.target] = hook.judged().verdict
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    return _judged()
+
+
+def test_what_each_hook_needs_on_this_release(verdicts):
+    needs = {target for target, v in verdicts.items() if v is Verdict.NEEDS_FIX}
+    # Nothing is unrecognised on a release the plugin was tested on: every entry reached a verdict.
+    assert not [t for t, v in verdicts.items() if v is Verdict.UNRECOGNISED], verdicts
+    if RELEASE == "0.5.17":
+        want = {plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS}
+    elif SERIES_TREE:
+        want = set()  # upstream-next carries all of it: the plugin stands aside
+    else:
+        want = set()
+        if since("0.5.19"):
+            want.add(f"{ASSEMBLER}.build_full_draft_pools")
+        if since("0.5.21"):
+            want.add("sglang.srt.mem_cache.hicache_auto_size._draft_bytes")
+        if since("0.5.23"):
+            want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
+    assert needs == want, {t: v.name for t, v in verdicts.items()}
+
+
+def test_status_says_what_the_judges_decided(verdicts, monkeypatch):
+    from sglang_dcp_dspark.__main__ import main
+    from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+
+    for name in (SWITCH_ENV, WHITELIST_ENV):
+        monkeypatch.delenv(name, raising=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status"]) == 0
+    line = next(ln.strip() for ln in out.getvalue().splitlines() if ln.strip().startswith("plugin dcp_dspark"))
+    assert RELEASE in locate_tree(None).version
+    if SERIES_TREE:
+        assert "series upstream-next applied; the plugin stands aside" in line
+        return
+    for target, phrase in STATUS_PHRASE.items():
+        assert (phrase in line) == (verdicts.get(target) is Verdict.NEEDS_FIX), (target, line)
+    if RELEASE == "0.5.17":
+        assert "fixed at run time by the plugin" in line
+    elif not any(v is Verdict.NEEDS_FIX for v in verdicts.values()):
+        assert "the plugin leaves it alone" in line
