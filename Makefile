@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -r requirements/cpu.txt -r requirements/dev.txt
 	$(BIN)/python -m pip install -q --no-deps sglang==$(SGLANG_BASE)
 	$(BIN)/python -m pip install -q --no-deps -e .
+	# Bytecode for the package, as pip writes it for a wheel: every sglang process imports
+	# the plugin, and with PYTHONDONTWRITEBYTECODE set it would compile it from source each time.
+	$(BIN)/python -m compileall -q python/sglang_dcp_dspark
 	touch $@
 
 # Every sglang tree the tests run on, how it is built and what runs on it is
@@ -43,16 +46,19 @@ lint: setup
 	$(BIN)/ruff check .
 
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
-# is its --markdown output); the plugin's import cost with 3 pairs of fresh
-# processes rather than the script's default 5; preflight's peak RSS at 1x,
-# 10x and 100x the device rows against a bare sglang import; the HiCache bytes
+# is its --markdown output); what load_plugins() adds with the plugin on, on
+# 0.5.17 and on 0.5.23 (5 pairs of fresh processes each); preflight's peak RSS
+# at 1x, 10x and 100x the device rows against a bare sglang import, and a
+# sweep's cost per value, on 0.5.17 and on 0.5.23; the HiCache bytes
 # moved per token, counted in a data-path run on the patched tree; and
 # the sharded draft backup (upstream-next 0005-0007) against the replicated one
 # on real multi-process DCP groups of 2, 4 and 8 ranks.
 bench: setup trees next-trees
 	$(BIN)/python bench/host_memory.py
-	$(BIN)/python bench/plugin_overhead.py --repeats 3
+	$(BIN)/python bench/plugin_overhead.py
+	$(BIN)/python bench/plugin_overhead.py --tree $(TREE_next_stock)
 	$(BIN)/python bench/preflight_cost.py
+	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
 	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
 

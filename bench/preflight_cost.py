@@ -1,22 +1,43 @@
 """What one ``sglang-dcp-dspark preflight`` costs: peak RSS and wall time, flat in the size of the launch it judges.
 
 Each run is a fresh Python process, measured from outside (``os.wait4``: the
-child's own peak resident set, not the maximum over every child):
+child's own peak resident set, not the maximum over every child), on the
+venv's sglang or, with ``--tree DIR``, on the tree at DIR (``PYTHONPATH=DIR``
+in every child; the release each child really ran is read back and checked):
 
 - ``import sglang.srt.server_args``, the floor any preflight pays;
-- preflight on its embedded default (DeepSeek-V3 with a one-layer MLA DSPARK
-  draft, DCP 8 + HiCache, 540,000 device rows per rank);
-- the same launch at 10x and 100x those device rows. No GPU holds that many
-  rows of this geometry, and preflight refuses such a --device-rows as bad
-  input, so these runs emulate a GPU 10x and 100x as large and lift
-  preflight's bound on GPU memory inside the child; the pools sized are
-  really 10x and 100x larger (up to ~10^9 logical slots).
+- one judgement of preflight's embedded default launch (DeepSeek-V3 with a
+  one-layer MLA DSPARK draft, TP 8 + DCP 8 + HiCache, 540,000 device rows per
+  rank on an 8 x H200 node with 2,048 GiB of host RAM);
+- the same launch at 10x and 100x those device rows, on a node with 10x and
+  100x the GPU memory and host RAM (so the verdict, and the code it runs
+  through, stay the same). No node has that much, and preflight refuses such
+  numbers as bad input, so the child lifts preflight's bounds on GPU memory
+  and host RAM (``MAX_GPU_MEMORY_GIB``, ``MAX_HOST_RAM_GIB``); the pools
+  sized are really 10x and 100x larger (up to ~10^9 logical slots);
+- a sweep of the 1x launch over N values (``--sweep``, default
+  ``dcp=1,2,4,8``): one process, sglang imported once, N judgements.
 
-Goal: peak RSS within 10% across the three preflight runs, and within 1.5x of
-the import. Wall time is reported, not judged: on a shared machine it moves
-with the load.
+The runs are interleaved (one of each per round) so that a change in the
+machine's load hits them alike; figures are medians over the rounds. Each
+row gives the process's wall time, its CPU time (user + system, less moved
+by other jobs on the machine) and, for preflight, the seconds (wall and CPU)
+spent inside ``preflight.judge()`` (timed in the child), which separate the judgements'
+own cost from the import's. The load average is printed with the figures.
 
-    python bench/preflight_cost.py [--repeats N] [--json]
+Targets, all from figures measured in the same run:
+
+- peak RSS of one judgement within 1.5x of the bare import's;
+- peak RSS flat from 1x to 100x the device rows (largest / smallest <= 1.10);
+- a sweep costs under 2 s of wall time per value past the first:
+  (sweep of N values - one judgement) / (N - 1), the median over the rounds
+  of each round's sweep against its judgement (the same from the median
+  walls, the CPU times and judge() is printed beside it).
+
+Exits 0 when every measurement ran (met or not: the table says), 1 when one
+failed to run (a crash, bad input, or the wrong sglang).
+
+    python bench/preflight_cost.py [--tree DIR] [--repeats N] [--sweep NAME=V1,...] [--json]
 """
 
 from __future__ import annotations
@@ -30,106 +51,273 @@ import subprocess
 import sys
 import tempfile
 import time
-
-from sglang_dcp_dspark.preflight import Node
+from pathlib import Path
 
 SCALES = (1, 10, 100)
-RSS_SPREAD_GOAL = 0.10
+DEFAULT_SWEEP = "dcp=1,2,4,8"
 RSS_OVER_IMPORT_GOAL = 1.5
+RSS_FLAT_GOAL = 1.10  # largest / smallest peak RSS across the scales
+SWEEP_PER_VALUE_GOAL_S = 2.0
 MB = 1e6
 
-# The child for a scaled run: the same CLI, with the per-GPU memory bound
-# lifted so that 10x and 100x the rows describe an (impossible) larger GPU
-# instead of bad input.
-SCALED_CHILD = """
-import sys
+# preflight's embedded default launch, spelled out so that each scale gives
+# the same flags: its device rows and the node it is judged on.
+BASE_DEVICE_ROWS = 540_000
+BASE_GPU_MEMORY_GIB = 141.0
+BASE_HOST_RAM_GIB = 2048.0
+
+# The child for every preflight run: the same CLI, with preflight's bounds on
+# one GPU's memory and one node's RAM lifted, so that 10x and 100x the rows
+# describe an (impossible) larger node instead of bad input.
+#
+# It also times each call of preflight.judge() (one per judgement; run() and
+# sweep() look it up at call time) and says the total on stderr, so the cost
+# of the judgements can be read apart from the import, which dominates the
+# process's wall time and its noise.
+PREFLIGHT_CHILD = """
+import sys, time
 from sglang_dcp_dspark import preflight
 preflight.MAX_GPU_MEMORY_GIB = float("inf")
+preflight.MAX_HOST_RAM_GIB = float("inf")
+_judge, _spent, _cpu = preflight.judge, [], []
+def judge(*args, **kwargs):
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        return _judge(*args, **kwargs)
+    finally:
+        _spent.append(time.perf_counter() - start)
+        _cpu.append(time.process_time() - cpu)
+preflight.judge = judge
 from sglang_dcp_dspark.__main__ import main
-sys.exit(main(sys.argv[1:]))
+try:
+    code = main(sys.argv[1:])
+finally:
+    print(f"JUDGE_SECONDS {sum(_spent)!r} {sum(_cpu)!r} {len(_spent)}", file=sys.stderr, flush=True)
+sys.exit(code)
+"""
+
+IMPORT_CHILD = """
+import sglang.srt.server_args
+import importlib.metadata, sglang
+print(importlib.metadata.version("sglang"), sglang.__file__)
 """
 
 
-def measure(argv: list[str]) -> dict:
+class Failed(Exception):
+    """A measurement did not run."""
+
+
+def child_env(tree: Path | None) -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def measure(argv: list[str], env: dict, label: str) -> dict:
     """Run ``argv`` in a fresh process; its exit code, wall seconds, peak RSS (bytes) and stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+        child = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if child.returncode not in (0, 1, 3):  # a preflight verdict, not a crash or bad input
-        raise SystemExit(f"error: {' '.join(argv[:4])} ... exited {child.returncode}: {stderr.strip()[-500:]}")
-    return {"exit": child.returncode, "wall_s": wall, "peak_rss": usage.ru_maxrss * 1024, "stdout": stdout}
+    if code not in (0, 1, 3):  # a preflight verdict, not a crash or bad input
+        raise Failed(f"{label}: exited {code}: {stderr.strip()[-800:]}")
+    judge = [ln.split() for ln in stderr.splitlines() if ln.startswith("JUDGE_SECONDS ")]
+    return {"exit": code, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,
+            "judge_s": float(judge[-1][1]) if judge else None, "judge_cpu_s": float(judge[-1][2]) if judge else None,
+            "judgements": int(judge[-1][3]) if judge else 0,
+            "stdout": stdout}
 
 
-def preflight_argv(scale: int, device_rows: int | None) -> list[str]:
-    argv = [sys.executable, "-c", SCALED_CHILD, "preflight", "--json"]
-    if scale != 1:
-        argv += ["--gpu-memory-gib", str(Node.gpu_memory_gib * scale), "--device-rows", str(device_rows * scale)]
-    return argv
+def node_flags(scale: int) -> list[str]:
+    return ["--gpu-memory-gib", f"{BASE_GPU_MEMORY_GIB * scale:g}", "--host-ram-gib", f"{BASE_HOST_RAM_GIB * scale:g}",
+            "--device-rows", str(BASE_DEVICE_ROWS * scale)]
 
 
-def run(repeats: int) -> dict:
-    import_argv = [sys.executable, "-W", "ignore", "-c", "import sglang.srt.server_args"]
-    rows = []
-    baseline = [measure(import_argv) for _ in range(repeats)]
-    rows.append({"run": "import sglang.srt.server_args", "device_rows": None, **_median(baseline)})
-    base_rows = None
+def cases(sweep: str) -> list[dict]:
+    py = sys.executable
+    out = [{"key": "import", "run": "import sglang.srt.server_args", "argv": [py, "-W", "ignore", "-c", IMPORT_CHILD]}]
     for scale in SCALES:
-        runs = [measure(preflight_argv(scale, base_rows)) for _ in range(repeats)]
-        report = json.loads(runs[0]["stdout"])
-        rows_here = report["sizing"]["geometry"]["device_rows"]
-        if scale == 1:
-            base_rows = rows_here
-        label = "preflight, embedded default" if scale == 1 else f"preflight, {scale}x device rows"
-        rows.append({"run": label, "device_rows": rows_here,
-                     "logical_slots": report["sizing"]["geometry"]["target"]["logical_slots"], **_median(runs)})
-    flight = [r["peak_rss"] for r in rows[1:]]
+        out.append({"key": f"x{scale}", "scale": scale,
+                    "run": "preflight, one judgement (1x)" if scale == 1 else f"preflight, {scale}x device rows",
+                    "argv": [py, "-c", PREFLIGHT_CHILD, "preflight", "--json", *node_flags(scale)]})
+        if scale == 1:  # the sweep runs right after the judgement it is weighed against
+            out.append({"key": "sweep", "run": f"preflight --sweep {sweep} (1x)",
+                        "argv": [py, "-c", PREFLIGHT_CHILD, "preflight", "--json", "--sweep", sweep, *node_flags(1)]})
+    return out
+
+
+def read_back(case: dict, run: dict) -> dict:
+    """What the child says it did: the release it ran, and for a judgement its rows and verdict."""
+    if case["key"] == "import":
+        version, _, where = run["stdout"].strip().splitlines()[-1].partition(" ")
+        return {"release": version, "sglang_file": where}
+    try:
+        report = json.loads(run["stdout"])
+    except ValueError as exc:
+        raise Failed(f"{case['run']}: no JSON on stdout ({exc})") from None
+    if case["key"] == "sweep":
+        return {"release": report["release"], "values": len(report["rows"]),
+                "verdicts": [r["report"]["verdict"]["outcome"] for r in report["rows"]]}
+    sizing = report.get("sizing", {})
+    target = next((p for p in sizing.get("pools", []) if p["role"] == "target"), None)
+    return {"release": report["release"]["sglang"], "adapter": report["release"]["adapter"],
+            "verdict": report["verdict"]["outcome"], "device_rows": sizing.get("device_rows"),
+            "logical_slots": target["logical_slots"] if target else None}
+
+
+def loadavg() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def run(tree: Path | None, repeats: int, sweep: str) -> dict:
+    env = child_env(tree)
+    todo = cases(sweep)
+    runs: dict[str, list[dict]] = {c["key"]: [] for c in todo}
+    seen: dict[str, dict] = {}
+    load_before = loadavg()
+    for _ in range(repeats):
+        for case in todo:  # one of each per round: drift in the load hits every case alike
+            r = measure(case["argv"], env, case["run"])
+            runs[case["key"]].append(r)
+            seen.setdefault(case["key"], read_back(case, r))
+    load_after = loadavg()
+
+    imported = seen["import"]
+    if tree is not None and not Path(imported["sglang_file"]).resolve().is_relative_to(tree):
+        raise Failed(f"--tree {tree}: the child imported sglang from {imported['sglang_file']}, not from the tree")
+    for key, got in seen.items():
+        if got["release"] != imported["release"]:
+            raise Failed(f"{key}: ran sglang {got['release']}, the import ran {imported['release']}")
+    for scale in SCALES:
+        got = seen[f"x{scale}"]
+        if got["device_rows"] != BASE_DEVICE_ROWS * scale:
+            raise Failed(f"{scale}x: preflight sized {got['device_rows']} device rows, expected {BASE_DEVICE_ROWS * scale}")
+
+    rows = []
+    for case in todo:
+        rs = runs[case["key"]]
+        rows.append({"key": case["key"], "run": case["run"], **{k: v for k, v in seen[case["key"]].items() if k != "sglang_file"},
+                     "exit": rs[0]["exit"], "peak_rss": statistics.median(r["peak_rss"] for r in rs),
+                     "wall_s": statistics.median(r["wall_s"] for r in rs),
+                     "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                     "judge_s": statistics.median(r["judge_s"] for r in rs) if rs[0]["judge_s"] is not None else None,
+                     "judge_cpu_s": statistics.median(r["judge_cpu_s"] for r in rs) if rs[0]["judge_s"] is not None else None,
+                     "judgements": rs[0]["judgements"],
+                     "wall_runs": [round(r["wall_s"], 2) for r in rs], "rss_runs": [r["peak_rss"] for r in rs]})
+    by = {r["key"]: r for r in rows}
+    scaled = [by[f"x{s}"]["peak_rss"] for s in SCALES]
+    n_values = by["sweep"]["values"]
+    if by["sweep"]["judgements"] != n_values or by["x1"]["judgements"] != 1:
+        raise Failed(f"expected 1 and {n_values} judgements, the children made {by['x1']['judgements']} and {by['sweep']['judgements']}")
+    added = max(1, n_values - 1)
+    # Judged per round: the sweep against the judgement run next to it, so that drift in the load cancels.
+    per_round = [(s["wall_s"] - o["wall_s"]) / added for s, o in zip(runs["sweep"], runs["x1"], strict=True)]
+    per_value = statistics.median(per_round)
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "repeats": repeats,
+        "tree": str(tree) if tree else None,
+        "sglang": imported["release"], "sglang_file": imported["sglang_file"],
+        "adapter": by["x1"].get("adapter"),
+        "repeats": repeats, "sweep": sweep,
+        "load_average": {"before": load_before, "after": load_after},
         "rows": rows,
-        "rss_spread": (max(flight) - min(flight)) / min(flight),
-        "rss_over_import": max(flight) / rows[0]["peak_rss"],
+        "rss_over_import": by["x1"]["peak_rss"] / by["import"]["peak_rss"],
+        "rss_largest_over_import": max(scaled) / by["import"]["peak_rss"],
+        "rss_100x_over_1x": by[f"x{SCALES[-1]}"]["peak_rss"] / by["x1"]["peak_rss"],
+        "rss_flat": max(scaled) / min(scaled),
+        "sweep_values": n_values,
+        "sweep_over_single_s": by["sweep"]["wall_s"] - by["x1"]["wall_s"],
+        "sweep_per_added_value_s": per_value,
+        "sweep_per_added_value_per_round_s": [round(x, 2) for x in per_round],
+        "sweep_per_added_value_of_medians_s": (by["sweep"]["wall_s"] - by["x1"]["wall_s"]) / added,
+        "sweep_per_added_value_cpu_s": (by["sweep"]["cpu_s"] - by["x1"]["cpu_s"]) / added,
+        "sweep_per_added_value_judge_s": (by["sweep"]["judge_s"] - by["x1"]["judge_s"]) / added,
+        "sweep_per_added_value_judge_cpu_s": (by["sweep"]["judge_cpu_s"] - by["x1"]["judge_cpu_s"]) / added,
+        "judge_s_per_sweep_value": by["sweep"]["judge_s"] / n_values,
+        "targets": {
+            "rss_over_import": by["x1"]["peak_rss"] / by["import"]["peak_rss"] <= RSS_OVER_IMPORT_GOAL,
+            "rss_flat": max(scaled) / min(scaled) <= RSS_FLAT_GOAL,
+            "sweep_per_added_value": per_value < SWEEP_PER_VALUE_GOAL_S,
+        },
     }
 
 
-def _median(runs: list[dict]) -> dict:
-    return {
-        "exit": runs[0]["exit"],
-        "peak_rss": statistics.median(r["peak_rss"] for r in runs),
-        "wall_s": statistics.median(r["wall_s"] for r in runs),
-    }
+def _secs(value) -> str:
+    return "" if value is None else f"{value:.2f} s"
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def render(result: dict) -> str:
-    out = [f"preflight cost, fresh processes (median of {result['repeats']}; {result['machine']}):",
-           f"  {'run':<32} {'device rows':>13} {'logical slots':>15} {'exit':>4} {'peak RSS':>10} {'wall':>8}"]
+    where = f"--tree {result['tree']}" if result["tree"] else "the venv's sglang"
+    out = [f"preflight cost on sglang {result['sglang']} ({where}; adapter {result['adapter']}), fresh processes, "
+           f"median of {result['repeats']}; {result['machine']}",
+           f"  load average (1/5/15 min): {result['load_average']['before']} before, {result['load_average']['after']} after",
+           f"  {'run':<38} {'device rows':>12} {'target slots':>13} {'verdict':>8} {'peak RSS':>10} {'wall':>7} {'CPU':>7} {'judge()':>8} {'its CPU':>8}  wall per run (s)"]
     for r in result["rows"]:
-        rows = "" if r["device_rows"] is None else f"{r['device_rows']:,}"
-        slots = f"{r['logical_slots']:,}" if r.get("logical_slots") else ""
-        out.append(f"  {r['run']:<32} {rows:>13} {slots:>15} {r['exit']:>4} {r['peak_rss'] / MB:>7,.0f} MB {r['wall_s']:>6.1f} s")
-    spread, ratio = result["rss_spread"], result["rss_over_import"]
-    out.append(f"peak RSS spread across the three preflight runs: {spread:.1%} "
-               f"(goal <= {RSS_SPREAD_GOAL:.0%}: {'met' if spread <= RSS_SPREAD_GOAL else 'MISSED'})")
-    out.append(f"largest preflight peak RSS / import's: {ratio:.2f}x "
-               f"(goal <= {RSS_OVER_IMPORT_GOAL}x: {'met' if ratio <= RSS_OVER_IMPORT_GOAL else 'MISSED'})")
+        rows = "" if r.get("device_rows") is None else f"{r['device_rows']:,}"
+        slots = "" if r.get("logical_slots") is None else f"{r['logical_slots']:,}"
+        verdict = r.get("verdict") or (", ".join(sorted(set(r["verdicts"]))) if r.get("verdicts") else "")
+        out.append(f"  {r['run']:<38} {rows:>12} {slots:>13} {verdict[:8]:>8} {r['peak_rss'] / MB:>7,.0f} MB "
+                   f"{r['wall_s']:>5.2f} s {r['cpu_s']:>5.2f} s {_secs(r['judge_s']):>8} {_secs(r['judge_cpu_s']):>8}  {', '.join(f'{w:.2f}' for w in r['wall_runs'])}")
+    t = result["targets"]
+    out.append(f"peak RSS, one judgement / bare import: {result['rss_over_import']:.2f}x "
+               f"(100x rows / import: {result['rss_largest_over_import']:.2f}x; target <= {RSS_OVER_IMPORT_GOAL}x): "
+               f"{_met(t['rss_over_import'])}")
+    out.append(f"peak RSS from 1x to 100x device rows: 100x / 1x = {result['rss_100x_over_1x']:.3f}, largest / smallest "
+               f"= {result['rss_flat']:.3f} (target flat, <= {RSS_FLAT_GOAL:.2f}): {_met(t['rss_flat'])}")
+    out.append(f"sweep of {result['sweep_values']} values vs one judgement, wall per added value: median over the rounds "
+               f"{result['sweep_per_added_value_s']:+.2f} s (rounds: "
+               f"{', '.join(f'{x:+.2f}' for x in result['sweep_per_added_value_per_round_s'])}; target < "
+               f"{SWEEP_PER_VALUE_GOAL_S:g} s): {_met(t['sweep_per_added_value'])}")
+    out.append(f"  from the median walls: {result['sweep_over_single_s']:+.2f} s in all, "
+               f"{result['sweep_per_added_value_of_medians_s']:+.2f} s per added value; "
+               f"from the median CPU times: {result['sweep_per_added_value_cpu_s']:+.2f} s per added value;")
+    out.append("  "
+               f"inside the children, judge(): {result['sweep_per_added_value_judge_s']:+.2f} s wall "
+               f"({result['sweep_per_added_value_judge_cpu_s']:+.2f} s CPU) per added value "
+               f"({result['judge_s_per_sweep_value']:.2f} s per sweep value, which adds the chart's setups, vs "
+               f"{next(r for r in result['rows'] if r['key'] == 'x1')['judge_s']:.2f} s for one judgement)")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=1, metavar="N", help="fresh processes per run (median; default 1)")
+    parser.add_argument("--tree", metavar="DIR", type=Path,
+                        help="an sglang tree (build/trees/sglang-X): every child runs with PYTHONPATH=DIR (default: the venv's sglang)")
+    parser.add_argument("--repeats", type=int, default=3, metavar="N", help="rounds of fresh processes (median; default 3)")
+    parser.add_argument("--sweep", default=DEFAULT_SWEEP, metavar="NAME=V1,...",
+                        help=f"the sweep timed against one judgement (default {DEFAULT_SWEEP}; at least two values)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = run(max(1, args.repeats))
+    tree = None
+    if args.tree is not None:
+        tree = args.tree.resolve()
+        if not (tree / "sglang" / "srt" / "server_args.py").is_file():
+            print(f"error: --tree {args.tree}: no sglang/srt/server_args.py under it", file=sys.stderr)
+            return 1
+    if len([v for v in args.sweep.partition("=")[2].split(",") if v.strip()]) < 2:
+        print(f"error: --sweep {args.sweep}: expected at least two values", file=sys.stderr)
+        return 1
+    try:
+        result = run(tree, max(1, args.repeats), args.sweep)
+    except Failed as exc:
+        print(f"error: a measurement failed to run: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=2) if args.json else render(result))
-    met = result["rss_spread"] <= RSS_SPREAD_GOAL and result["rss_over_import"] <= RSS_OVER_IMPORT_GOAL
-    return 0 if met else 1
+    return 0
 
 
 if __name__ == "__main__":

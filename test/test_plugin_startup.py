@@ -65,7 +65,7 @@ EXPECTED = {
         f"dcp_dspark: left {SIDECAR} alone (not for this release): this draft sidecar builder takes server_args (0.5.18)",
     ],
     "0.5.23": [
-        f"dcp_dspark: left {RESOLVER} alone (already fixed): sglang 0.5.23 carries the fix upstream (ServerArgs has no _resolve_hicache_dcp_compatibility)",
+        f"dcp_dspark: left {RESOLVER} alone (not for this release): sglang.srt.server_args.ServerArgs has no _resolve_hicache_dcp_compatibility in this release; nothing to hook",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.23 carries the fix upstream (registration probe failed: TypeError: MLATokenToKVPoolHost.__init__() missing ",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.23",
         f"dcp_dspark: hooked {STACK}: --hicache-size sizes the target host pool alone (96 rows with or without a draft sidecar at dcp 2); the hook gives the target t / (t + dcp_size * d) of --hicache-size",

@@ -246,6 +246,17 @@ def _hook_module(module: str, late: bool) -> None:
 def _hook_from_table(hook: Hook, late: bool) -> None:
     # The judge and the hooks are looked up now, when sglang imports the module;
     # this runs inside that import, so nothing may escape.
+    if not _exists(hook.target):
+        # Nothing to hook, and nothing a check-only hook could sit on: said without
+        # importing the carrier, so a release that needs none of an entry pays nothing for it.
+        from .hooks._common import Finding, Verdict
+
+        owner, name = hook.target.rsplit(".", 1)
+        if hook.target not in findings:
+            findings[hook.target] = Finding(hook.target, Verdict.OUT_OF_SCOPE, f"{owner} has no {name} in this release; nothing to hook")
+            decisions.say(logging.INFO, f"{PLUGIN_NAME}: left {hook.target} alone ({Verdict.OUT_OF_SCOPE.value}): "
+                                        f"{findings[hook.target].detail}")
+        return
     try:
         around, check_only = hook.hook, hook.check_only()
     except Exception as exc:

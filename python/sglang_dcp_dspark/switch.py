@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PLUGIN_NAME = "dcp_dspark"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -36,8 +36,7 @@ _TRUE = frozenset({"true", "1", "yes", "y", "on"})
 _FALSE = frozenset({"false", "0", "no", "n", "off"})
 
 
-@dataclass(frozen=True)
-class PluginState:
+class PluginState(NamedTuple):  # read in every sglang process's load_plugins(): no dataclass to build
     enabled: bool
     reason: str
 

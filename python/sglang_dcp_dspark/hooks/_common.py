@@ -6,7 +6,6 @@ import contextlib
 import enum
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 FIXED_UPSTREAM_IN = "0.5.18"
 # The release whose code the hooks were written against and tested on.
@@ -20,11 +19,22 @@ class Verdict(enum.Enum):
     OUT_OF_SCOPE = "not for this release"
 
 
-@dataclass(frozen=True)
 class Finding:
-    target: str
-    verdict: Verdict
-    detail: str
+    """What a judge found about one target. A plain class: it is built inside every sglang process's load_plugins()."""
+
+    __slots__ = ("target", "verdict", "detail")
+
+    def __init__(self, target: str, verdict: Verdict, detail: str) -> None:
+        self.target, self.verdict, self.detail = target, verdict, detail
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Finding) and (self.target, self.verdict, self.detail) == (other.target, other.verdict, other.detail)
+
+    def __hash__(self) -> int:
+        return hash((self.target, self.verdict, self.detail))
+
+    def __repr__(self) -> str:
+        return f"Finding({self.target!r}, {self.verdict}, {self.detail!r})"
 
 
 class Overlay:
