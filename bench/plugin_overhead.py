@@ -166,8 +166,25 @@ load_plugins()
 total = time.perf_counter() - start
 print("LOAD_PLUGINS_END", file=sys.stderr, flush=True)
 import os
-new = {name: {"file": getattr(m, "__file__", None),
-              "bytecode": bool(getattr(m, "__cached__", None)) and os.path.exists(m.__cached__)}
+
+
+def fresh_bytecode(m):
+    # A .pyc counts only when the import system would use it: a stale one
+    # (its header's source mtime and size no longer match, as after an edit
+    # under PYTHONDONTWRITEBYTECODE) is recompiled from source every time.
+    cached, source = getattr(m, "__cached__", None), getattr(m, "__file__", None)
+    if not cached or not source or not os.path.exists(cached):
+        return False
+    with open(cached, "rb") as f:
+        header = f.read(16)
+    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:
+        return len(header) == 16  # hash-based bytecode: checked or trusted, either way not recompiled here
+    st = os.stat(source)
+    return (int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+new = {name: {"file": getattr(m, "__file__", None), "bytecode": fresh_bytecode(m)}
        for name, m in sys.modules.items() if name not in already}
 print("RESULT " + json.dumps({"load_plugins_s": total, "parts": spent, "import_module": imported_by_name,
                               "new_modules": new}))

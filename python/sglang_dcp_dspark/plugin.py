@@ -66,6 +66,7 @@ _LAZY = {
     "resolver_verdict": "hooks.server_args",
     "KV_ONLY_STACK": "hooks.hybrid_pool_assembler", "KV_ONLY_GROUP": "hooks.hybrid_pool_assembler",
     "FULL_DRAFT_POOLS": "hooks.hybrid_pool_assembler", "DRAFT_BYTES": "hooks.hicache_auto_size",
+    "ESTIMATE": "hooks.hicache_auto_size", "GATE": "hooks.hicache_hook", "BUILD_KV_CACHE": "hooks.kv_cache_builder",
     "FIXED_UPSTREAM_IN": "hooks._common", "WRITTEN_FOR": "hooks._common", "Finding": "hooks._common",
     "Overlay": "hooks._common", "Verdict": "hooks._common", "by_version": "hooks._common",
     "version_at_least": "hooks._common",
@@ -275,10 +276,13 @@ def _hook_from_table(hook: Hook, late: bool) -> None:
 # judges find the code there (the per-release plugin tests hold the two to
 # each other): the sidecar guard from 0.5.19, the auto-size fix from 0.5.21
 # (where hicache_auto_size appears), the budget from 0.5.23 (where the stack
-# first sees the draft sidecar). The sharded draft backup stays series-only.
+# first sees the draft sidecar) and the NextN (MTP) admission with its plan
+# check from 0.5.23 (whose CacheInitParams carries the draft plans the check
+# reads). The sharded draft
+# backup stays series-only.
 SIDECAR_CARRIES = (
-    ("0.5.23", "counts the draft sidecar in --hicache-size, prices the draft sidecar in auto-sizing and stops a short "
-               "draft sidecar at startup"),
+    ("0.5.23", "counts the draft sidecar in --hicache-size, prices the draft sidecar in auto-sizing, stops a short "
+               "draft sidecar at startup and admits the NextN (MTP) draft, packed with the target"),
     ("0.5.21", "prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup (the budget needs "
                "0.5.23's CacheInitParams)"),
     ("0.5.19", "stops a short draft sidecar at startup (no auto-sizing before 0.5.21; the budget needs 0.5.23's CacheInitParams)"),

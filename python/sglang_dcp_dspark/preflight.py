@@ -197,12 +197,17 @@ def models_of(la, target_config: dict, draft_config: dict | None, release: str):
     target = MLAKV(math.ceil(target_config["num_hidden_layers"] / pp), target_config["kv_lora_rank"],
                    target_config["qk_rope_head_dim"], dtype)
     draft = None
+    nextn = int((draft_config or {}).get("num_nextn_predict_layers") or 0)
     if la.speculative_algorithm and draft_config is not None and draft_config.get("kv_lora_rank"):
         draft = MLAKV(draft_config["num_hidden_layers"], draft_config["kv_lora_rank"], draft_config["qk_rope_head_dim"], dtype)
+    elif (str(la.speculative_algorithm).upper() in ("NEXTN", "EAGLE") and draft_config is None
+          and la.draft_model_path in (None, la.model_path) and target_config.get("num_nextn_predict_layers")):
+        # The target's own NextN (MTP) layers are the draft: its KV is their MLA rows.
+        draft_config, nextn = target_config, int(target_config["num_nextn_predict_layers"])
+        draft = MLAKV(nextn, target_config["kv_lora_rank"], target_config["qk_rope_head_dim"], dtype)
     index_dim = target_config.get("index_head_dim") if target_config.get("index_topk") else None
     archs = (draft_config or {}).get("architectures") or [None]
-    return Models(target=target, draft=draft, draft_architecture=archs[0],
-                  draft_nextn_layers=int((draft_config or {}).get("num_nextn_predict_layers") or 0),
+    return Models(target=target, draft=draft, draft_architecture=archs[0], draft_nextn_layers=nextn,
                   dsa_index_head_dim=index_dim)
 
 

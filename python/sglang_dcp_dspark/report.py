@@ -62,11 +62,17 @@ def render(report: dict) -> str:
     return "\n".join(line.rstrip() for line in out)
 
 
-def _pool_lines(pools: list[dict], coverage: float | None, label: str = "") -> list[str]:
+def _name_width(sizing: dict) -> int:
+    """The pool column: 30 wide, wider for a name that needs it (with the stock rows' label)."""
+    names = [p["name"] for p in sizing["pools"]] + ["stock: " + p["name"] for p in sizing.get("stock_pools") or ()]
+    return max([30, *map(len, names)])
+
+
+def _pool_lines(pools: list[dict], coverage: float | None, label: str = "", width: int = 30) -> list[str]:
     out = []
     for p in pools:
         cov = f"{coverage:.3f}" if p["role"] == "draft" and coverage is not None else ""
-        out.append(f"  {(label + p['name'])[:30]:<30} {p['rows']:>13,} {p['bytes_per_token']:>8,} {gib(p['bytes']):>14} "
+        out.append(f"  {label + p['name']:<{width}} {p['rows']:>13,} {p['bytes_per_token']:>8,} {gib(p['bytes']):>14} "
                    f"{gib(p['per_node_bytes']):>14} {cov:>9}")
     return out
 
@@ -92,13 +98,14 @@ def _render_sizing(sizing: dict, report: dict) -> list[str]:
     if sizing.get("draft_plan"):
         out.append(f"  draft           plan {sizing['draft_plan']}, {sizing['draft_path'] or 'no draft host pool'}")
     out.append("")
-    out.append(f"  {'host pool':<30} {'rows/rank':>13} {'B/token':>8} {'pinned/rank':>14} {'pinned/node':>14} {'coverage':>9}")
-    out.extend(_pool_lines(sizing["pools"], sizing.get("draft_coverage")))
+    width = _name_width(sizing)
+    out.append(f"  {'host pool':<{width}} {'rows/rank':>13} {'B/token':>8} {'pinned/rank':>14} {'pinned/node':>14} {'coverage':>9}")
+    out.extend(_pool_lines(sizing["pools"], sizing.get("draft_coverage"), width=width))
     stock = sizing.get("stock_pools")
     if stock is not None and stock != sizing["pools"]:
         stock_draft = [p for p in stock if p["role"] == "draft"]
         others = [p for p in stock if p["role"] != "draft" and p not in sizing["pools"]]
-        out.extend(_pool_lines(others + stock_draft, sizing.get("draft_coverage_stock"), "stock: "))
+        out.extend(_pool_lines(others + stock_draft, sizing.get("draft_coverage_stock"), "stock: ", width))
         if sizing.get("stock_startup_error"):
             out.append(f"  stock sglang stops here: {sizing['stock_startup_error']}")
     ram = sizing["host_ram"]
@@ -120,9 +127,11 @@ def _render_sizing(sizing: dict, report: dict) -> list[str]:
         fits = f"{fits} (so far; startup stops first)"
     out.append(f"  available       {gib(ram['available'])} ({ram['available_from']}) less sglang's {gib(ram['reserve'])} reserve: {fits}")
     for mode, b in (sizing.get("backups") or {}).items():
-        stop = f" (stops: {b['startup_error']})" if b.get("startup_error") else ""
+        if b.get("startup_error"):
+            out.append(f"  --hicache-draft-backup {mode:<10} stops at startup: {b['startup_error']}")
+            continue
         held = f", target {b['target_logical_slots']:,} tokens" if b.get("target_logical_slots") else ""
-        out.append(f"  --hicache-draft-backup {mode:<10} {gib(b['per_rank'])} per rank, {gib(b['per_node'])} per node{held}{stop}")
+        out.append(f"  --hicache-draft-backup {mode:<10} {gib(b['per_rank'])} per rank, {gib(b['per_node'])} per node{held}")
     return out
 
 

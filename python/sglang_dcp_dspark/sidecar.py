@@ -83,11 +83,31 @@ def _patch_if_present(stack: contextlib.ExitStack, module_name: str, name: str, 
         stack.enter_context(mock.patch.object(module, name, value))
 
 
+def _optional_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 @contextlib.contextmanager
 def on_rank(rank: Rank) -> Iterator[None]:
     """sglang's runtime configuration for one DCP rank, with host buffers on the meta device."""
     import torch
     from sglang.srt.runtime_context import get_context, get_parallel
+
+    # Host bytes this rank's pools have allocated so far: before 0.5.21 each pool
+    # checks psutil's free RAM when it is built, and on a node that figure falls
+    # by every pool already pinned, so a later pool (the draft) can be refused.
+    pinned = [0]
+
+    def counted(alloc):
+        def allocate(dims, dtype):
+            buffer = alloc(dims, dtype)
+            pinned[0] += buffer.numel() * buffer.element_size()
+            return buffer
+
+        return allocate
 
     def meta_buffer(dims, dtype):
         return torch.empty(dims, dtype=dtype, device="meta")
@@ -110,15 +130,17 @@ def on_rank(rank: Rank) -> Iterator[None]:
             stack.enter_context(base.host_memory_budget_scope(rank.host_memory))
         if hasattr(base, "psutil"):  # before: free RAM from psutil, less sglang's reserve, at construction
             available = rank.host_memory + getattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0)
-            plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available))
+            node = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available - pinned[0]))
             for module in (base, importlib.import_module("sglang.srt.mem_cache.memory_pool_host")):
                 if hasattr(module, "psutil"):
-                    stack.enter_context(mock.patch.object(module, "psutil", plenty))
+                    stack.enter_context(mock.patch.object(module, "psutil", node))
         common = "sglang.srt.mem_cache.pool_host.common"
         _patch_if_present(stack, common, "_cuda_host_register", lambda *a, **k: None)
-        if rank.meta_buffers:
+        common_module = _optional_module(common)
+        if common_module is not None and hasattr(common_module, "alloc_mmap"):
             # MAP_POPULATE would fault in every byte; the sizes are what is measured.
-            _patch_if_present(stack, common, "alloc_mmap", meta_buffer)
+            alloc = meta_buffer if rank.meta_buffers else common_module.alloc_mmap
+            stack.enter_context(mock.patch.object(common_module, "alloc_mmap", counted(alloc)))
         stack.enter_context(mock.patch.object(importlib.import_module(ASSEMBLER), "HybridCacheController", mock.MagicMock()))
         # A lone rank: sglang agrees sizes with its peers through collectives (the auto-sized
         # ratio, a fixed --hicache-size across PP stages) once torch.distributed is up, and

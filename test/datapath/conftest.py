@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from datapath import matrix
-from datapath.harness import DraftHostOverflow
+from datapath.harness import DraftHostOverflow, DraftRowsWrong
 from trees import TREE
 
 KNOWN = TREE in matrix.TREES
@@ -19,7 +19,16 @@ DRIVEN = KNOWN and bool(matrix.TREES[TREE][1])
 
 
 # Why a driven tree has no case of a kind (matrix.py plans them).
-NONE_PLANNED = {"budget": "the --hicache-size round trips run on the sglang 0.5.23 trees"}
+NONE_PLANNED = {
+    "budget": "the --hicache-size round trips run on the sglang 0.5.23 trees",
+    "pairs_round_trip": "the draft plan x layout cases run on the sglang 0.5.23 trees",
+    "pairs_stress": "the draft plan x layout cases run on the sglang 0.5.23 trees",
+}
+# What an expected failure must raise, and why (matrix.expected).
+XFAILS = {
+    "xfail: draft host overflow": (DraftHostOverflow, "the draft host pool is sized from physical rows"),
+    "xfail: draft rows wrong": (DraftRowsWrong, "HiCache moves other draft rows than the draft's forward reads"),
+}
 
 
 def plan(kind: str) -> list:
@@ -28,18 +37,19 @@ def plan(kind: str) -> list:
         reason = matrix.NOT_DRIVEN if KNOWN else f"DCP_DSPARK_TREE={TREE} is not in test/datapath/matrix.py"
         return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="not-driven")]
     planned = {"round_trip": matrix.round_trip_plan, "stress": matrix.stress_plan, "negative": matrix.negative_plan,
-               "budget": matrix.budget_plan}[kind](TREE)
+               "budget": matrix.budget_plan,
+               "pairs_round_trip": lambda tree: matrix.draft_pair_plan(tree, "round_trip"),
+               "pairs_stress": lambda tree: matrix.draft_pair_plan(tree, "stress")}[kind](TREE)
     if not planned:
         reason = f"{TREE}: {NONE_PLANNED.get(kind, f'no {kind} case is planned for this tree')}"
         return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="none")]
     params = []
     for p in planned:
         marks = []
-        if matrix.expected(TREE, p).startswith("xfail"):
-            marks.append(pytest.mark.xfail(
-                raises=DraftHostOverflow, strict=True,
-                reason=f"{TREE}: the draft host pool is sized from physical rows",
-            ))
+        outcome = matrix.expected(TREE, p)
+        if outcome.startswith("xfail"):
+            raises, why = XFAILS[outcome]
+            marks.append(pytest.mark.xfail(raises=raises, strict=True, reason=f"{TREE}: {why}"))
         params.append(pytest.param(p, marks=marks, id=p.id))
     return params
 
@@ -78,15 +88,16 @@ def _plugin_loaded():
 
 
 def pytest_collection_modifyitems(config, items):
-    # An expected DraftHostOverflow is reported as its one-line message: formatting the
+    # An expected DraftHostOverflow (or DraftRowsWrong) is reported as its one-line message: formatting the
     # traceback of each of the 60-odd expected failures costs more than running them.
     # Any other exception keeps pytest's full report.
     for item in items:
-        if not any(m.kwargs.get("raises") is DraftHostOverflow for m in item.iter_markers("xfail")):
+        expected = {m.kwargs.get("raises") for m in item.iter_markers("xfail")} & {DraftHostOverflow, DraftRowsWrong}
+        if not expected:
             continue
         full = item.repr_failure
 
-        def repr_failure(excinfo, _full=full):
-            return excinfo.exconly() if excinfo.errisinstance(DraftHostOverflow) else _full(excinfo)
+        def repr_failure(excinfo, _full=full, _expected=tuple(expected)):
+            return excinfo.exconly() if excinfo.errisinstance(_expected) else _full(excinfo)
 
         item.repr_failure = repr_failure

@@ -22,6 +22,20 @@ whose only duty here, registering the layer counter with a model runner, has no
 model runner to go to) and a request stand-in for ``init_load_back`` (the
 fields it reads). The only substitutions are in :mod:`substitutions`.
 
+The draft's HiCache plan and device layout (``Case.draft_plan``,
+``Case.draft_layout``; sglang 0.5.23 on the sidecar path, see
+docs/draft-layouts.md): SIDECAR (its own host pool, as above) or PACKED (the
+draft pool handed to the tree as ``CacheInitParams.mtp_draft_device_pools``, as
+``kv_cache_builder.build_kv_cache`` does for NEXTN/MTP, so that its layers are
+tail layers of the target's ``MLATokenToKVPoolHost`` and no sidecar is
+registered); written REPLICATED (every loc at row = loc, written directly) or
+STRIPED (through the draft pool's own ``MLATokenToKVPool.set_mla_kv_buffer``,
+whose DCP owner rule keeps loc L at row L // N on rank L % N). With
+``Case.forward_read`` every load-back is also checked through the draft
+attention's own read path (:meth:`HiCacheRun.check_reads`). A draft whose
+bytes come back on rows other than those the check reads raises
+:class:`DraftRowsWrong`.
+
 Where releases moved an API, the difference is handled here, in
 :func:`_registration_kwargs`, :func:`_runtime_overrides`, :func:`_unified_cache`
 and the small adapters of :class:`HiCacheRun`, so the scenarios and the tests
@@ -43,7 +57,7 @@ from types import SimpleNamespace
 import torch
 
 from .matrix import DRAFT_KINDS, LAYOUT_IO_PAIRS  # noqa: F401 - re-exported for callers
-from .substitutions import ReferenceOps, RowOutOfBounds, substituted
+from .substitutions import ReferenceOps, RowOutOfBounds, substituted, triton_interpreted
 
 TARGET, DRAFT = "target", "draft"
 
@@ -74,6 +88,15 @@ class Case:
     # --hicache-draft-backup (0.5.23 + upstream-next): "replicated" (every rank backs up the whole
     # draft) or "sharded" (each rank its DCP stripe; needs the rank's real DCP group: ranks.py)
     draft_backup: str = "replicated"
+    # The draft's HiCache plan on the sidecar path (0.5.23's HiCacheDraftMode): "sidecar" (its own
+    # host pool) or "packed" (tail layers of the target host pool: mtp_draft_device_pools; 0.5.23 only).
+    draft_plan: str = "sidecar"
+    # Where the draft's forward puts loc L on this rank: "replicated" (row L, every loc, written
+    # directly) or "striped" (row L // N if L % N == rank, written through the MLA draft pool's own
+    # set_mla_kv_buffer under the rank's runtime context; 0.5.23 only).
+    draft_layout: str = "replicated"
+    # After every load-back, also check the rows the draft attention's own read path reads.
+    forward_read: bool = False
 
     @property
     def logical_page(self) -> int:
@@ -87,10 +110,23 @@ class Case:
         path = "" if self.draft_path == "default" else f" {self.draft_path}"
         backup = "" if self.draft_backup == "replicated" else f" {self.draft_backup} backup"
         budget = f" --hicache-size {self.hicache_size:g}" if self.hicache_size else ""
+        pair = "" if (self.draft_plan, self.draft_layout) == ("sidecar", "replicated") else \
+            f" ({self.draft_plan} plan, {self.draft_layout} draft)"
         return (
             f"dcp{self.dcp_size} rank{self.dcp_rank} {self.layout}/{self.io_backend} "
-            f"{self.draft} draft{path}{backup}{budget}"
+            f"{self.draft} draft{path}{pair}{backup}{budget}"
         )
+
+
+class DraftRowsWrong(AssertionError):
+    """The draft's bytes are not on the rows its forward reads: HiCache moved other rows than the layout's.
+
+    Raised by the draft's byte check (:meth:`HiCacheRun.check_device`) and the
+    forward-read check (:meth:`HiCacheRun.check_reads`) only when the last
+    load-back wrote draft device rows other than the rows the check reads for
+    the loaded locs; the message names both. Bytes that are wrong on the
+    right rows (a corrupted copy) stay a plain AssertionError.
+    """
 
 
 class DraftHostOverflow(AssertionError):
@@ -216,8 +252,9 @@ def _registration_kwargs(register: Callable, tree_cache, draft_pool, server_args
     if "draft_plan" in params:  # PR #35221's parent, 0.5.18 (with server_args, page_size); 0.5.23 (without)
         from sglang.srt.speculative.base_spec_worker import HiCacheDraftMode, HiCacheDraftPlan
 
+        mode = HiCacheDraftMode.PACKED if case.draft_plan == "packed" else HiCacheDraftMode.SIDECAR
         kwargs = dict(
-            tree_cache=tree_cache, draft_plan=HiCacheDraftPlan(mode=HiCacheDraftMode.SIDECAR, device_pools=(draft_pool,)),
+            tree_cache=tree_cache, draft_plan=HiCacheDraftPlan(mode=mode, device_pools=(draft_pool,)),
             server_args=server_args, page_size=case.logical_page,
         )
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -238,7 +275,9 @@ def _unified_cache(case: Case, server_args, params, draft_pool):
     """The tree's UnifiedRadixCache with HiCache attached, through sglang's own registry factory."""
     from sglang.srt.mem_cache import registry
 
-    if hasattr(params, "sidecar_draft_device_pools"):  # 0.5.23: build_kv_cache hands the sidecar pools over
+    if case.draft_plan == "packed":  # 0.5.23's build_kv_cache for a PACKED plan: the draft layers ride the anchor
+        params.mtp_draft_device_pools = (draft_pool,)
+    elif hasattr(params, "sidecar_draft_device_pools"):  # 0.5.23: build_kv_cache hands the sidecar pools over
         params.sidecar_draft_device_pools = (draft_pool,)
     ctx = SimpleNamespace(  # registry.TreeCacheBuildContext's fields, for a plain MLA model with HiCache
         server_args=server_args, params=params, is_hybrid_swa=False, is_hybrid_ssm=False, is_dsa=False,
@@ -250,6 +289,37 @@ def _unified_cache(case: Case, server_args, params, draft_pool):
     if create is not None:  # 0.5.23
         return create(ctx)
     return registry._create_unified_radix_cache(ctx, server_args, params)  # 0.5.18, the PR parent
+
+
+def _draft_paths(case: Case) -> SimpleNamespace:
+    """The write and read paths of layouts.py (its ``DraftLaunch.kind`` / ``.path``) this case's draft takes.
+
+    An MLA draft: ``MLATokenToKVPool.set_mla_kv_buffer`` and the MLA read path
+    (layouts.py's NEXTN and external-EAGLE MLA rows); an MHA draft: the
+    fa3/flashinfer paths, ``set_kv_buffer`` at the loc and the ``req_to_token``
+    passthrough (its "fa3/flashinfer" rows).
+    """
+    return SimpleNamespace(kind=case.draft, path="mla" if case.draft == "mla" else "mha-plain")
+
+
+def _check_draft_case(case: Case, params) -> None:
+    """The plan and layout pairs the harness can build on this tree, or a clear error."""
+    if case.draft_plan not in ("sidecar", "packed") or case.draft_layout not in ("replicated", "striped"):
+        raise ValueError(f"{case.label()}: unknown draft plan {case.draft_plan!r} or layout {case.draft_layout!r}")
+    if case.draft_plan == "packed" and (case.draft_path != "sidecar" or not hasattr(params, "mtp_draft_device_pools")):
+        raise NotImplementedError(f"sglang {sglang_version()}: no PACKED draft plan on the {case.draft_path} path "
+                                  "(CacheInitParams.mtp_draft_device_pools is sglang 0.5.23's)")
+    if case.draft_layout == "striped" and (case.draft != "mla" or not hasattr(params, "mtp_draft_device_pools")):
+        raise NotImplementedError(f"sglang {sglang_version()}: a striped draft is an MLA draft on sglang 0.5.23, "
+                                  "written through MLATokenToKVPool.set_mla_kv_buffer")
+    if case.forward_read and not hasattr(params, "mtp_draft_device_pools"):
+        raise NotImplementedError(f"sglang {sglang_version()}: the forward-read check is sglang 0.5.23's read path")
+
+
+def _span(rows: list[int]) -> str:
+    """Rows as the messages quote them: the first few, '...' when there are more."""
+    head = ", ".join(map(str, rows[:4]))
+    return f"{head}, ... ({len(rows)} rows)" if len(rows) > 4 else head or "none"
 
 
 def default_register() -> Callable:
@@ -310,6 +380,7 @@ class Counts:
     tokens_checked: int = 0
     load_backs: int = 0
     host_evictions: int = 0  # host pages freed by sglang's evict_host: the host pool wrapped
+    tokens_read_checked: int = 0  # tokens whose rows the draft attention's read path reads were checked
 
 
 class HiCacheRun:
@@ -322,8 +393,10 @@ class HiCacheRun:
 
     def __init__(self, case: Case, *, register: Callable | None = None, ops: ReferenceOps | None = None,
                  seed: int = 0, cuda: bool = False, kernel_ops: object | None = None, dcp_group=None,
-                 on_built: Callable[[HiCacheRun], None] | None = None) -> None:
+                 on_built: Callable[[HiCacheRun], None] | None = None, draft_byte_check: bool = True) -> None:
         self.case = case
+        # False: check_device checks the target only (a negative control of the forward read, check_reads).
+        self.draft_byte_check = draft_byte_check
         self.dcp_group = dcp_group
         self.on_built = on_built  # called once the pools exist: a multi-rank run's observers and sabotage
         self.register = register
@@ -366,6 +439,7 @@ class HiCacheRun:
             disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
             page_size=case.logical_page, tp_cache_group=group, pp_cache_group=None,
         )
+        _check_draft_case(case, params)
         self.draft_device = _draft_device_pool(case)
         self.unified = case.draft_path == "sidecar"
         if self.unified:
@@ -392,22 +466,39 @@ class HiCacheRun:
             self.target_host = host_group.entry_map[PoolName.KV].host_pool
             entry = host_group.entry_map.get(PoolName.DRAFT)
             self.draft_host = entry.host_pool if entry is not None else None
+            if case.draft_plan == "packed":
+                self.draft_host = self._packed_draft_host(entry)
         else:
             self.target_host = self.controller.mem_pool_host
             self.draft_host = self.controller.mem_pool_host_draft
         if self.draft_host is None:
             raise AssertionError(f"{getattr(register, '__name__', register)} registered no draft host pool")
 
-        for name, pool in (
-            (f"{TARGET}/device", self.target_device), (f"{TARGET}/host", self.target_host),
-            (f"{DRAFT}/device", self.draft_device), (f"{DRAFT}/host", self.draft_host),
-        ):
+        pools = [(f"{TARGET}/device", self.target_device), (f"{TARGET}/host", self.target_host),
+                 (f"{DRAFT}/device", self.draft_device)]
+        if self.draft_host is not self.target_host:  # packed: the draft's host layers are the target pool's tail
+            pools.append((f"{DRAFT}/host", self.draft_host))
+        for name, pool in pools:
             self.ops.register_pool(name, pool)
+        self.last_load: tuple[torch.Tensor, list[list[int]]] | None = None  # (loaded locs, draft device rows written)
         self._count_host_evictions()
 
         self.oracle = Oracle(self._target_row_shape(), self._draft_row_shape(), self.seed)
         if self.on_built is not None:
             self.on_built(self)
+
+    def _packed_draft_host(self, sidecar_entry):
+        """PACKED: no sidecar, and the target host pool carries the draft's layers after its own."""
+        if sidecar_entry is not None:
+            raise AssertionError(f"{self.case.label()}: a packed draft got a sidecar host pool")
+        host, case = self.target_host, self.case
+        layers = (getattr(host, "target_layer_num", None), host.layer_num)
+        if layers != (case.target_layers, case.target_layers + case.draft_layers):
+            raise AssertionError(
+                f"{case.label()}: the target host pool has (target, all) layers {layers}, not "
+                f"({case.target_layers}, {case.target_layers + case.draft_layers}): the draft was not packed"
+            )
+        return host
 
     def _shutdown(self) -> None:
         # HiRadixCache registers an atexit hook; nothing else outlives the run.
@@ -459,13 +550,51 @@ class HiCacheRun:
         for layer, buf in enumerate(self.target_device.kv_buffer):
             buf[rows.to(buf.device)] = target[:, layer].to(buf.device)
         draft = self.oracle.draft[slots]
+        if self.case.draft_layout == "striped":
+            if len(locs):  # sglang's naive MLA scatter cannot reshape an empty batch
+                self._write_draft_striped(locs, draft)
+            return
         flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)  # [n, k/v * layer, ...]
         all_locs = locs.cpu().to(torch.int64)
         for layer, buf in enumerate(self._draft_layers()):
             buf[all_locs.to(buf.device)] = flat[:, layer].to(buf.device)
 
+    def _write_draft_striped(self, locs: torch.Tensor, draft: torch.Tensor) -> None:
+        """The MLA draft forward's write, one draft layer at a time: layouts.py's, sglang's set_mla_kv_buffer.
+
+        ``draft``: [n, layer, 1, kv_lora_rank + qk_rope_head_dim]. The pool's DCP
+        owner rule (under this rank's runtime context) decides the rows.
+        """
+        from . import layouts
+
+        rank = self.case.kv_lora_rank
+        device = self.draft_device.kv_buffer[0].device
+        for layer in range(self.case.draft_layers):
+            values = (draft[:, layer, :, :rank].to(device), draft[:, layer, :, rank:].to(device))
+            attention = SimpleNamespace(layer_id=layer, is_cross_attention=False)  # what the pool reads of it
+            layouts.write(_draft_paths(self.case), self.draft_device, locs.to(device), values, layer=attention)
+
+    def _draft_layout_rows(self, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, rows) where the draft's forward keeps ``locs`` on this rank: the device layout."""
+        if self.case.draft_layout == "striped":
+            return self._owned(locs)
+        all_locs = locs.cpu().to(torch.int64)
+        return torch.arange(len(all_locs)), all_locs
+
+    def _draft_read_rows(self, locs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions, rows) the draft attention reads for a request at ``locs``: its own read path (layouts.read)."""
+        from . import layouts
+
+        with triton_interpreted():
+            positions, rows = layouts.read(_draft_paths(self.case), self.draft_device, locs.cpu().to(torch.int32))
+        return positions.to(torch.int64), rows.cpu().to(torch.int64)
+
     def check_device(self, tokens: list[int], locs: torch.Tensor) -> None:
-        """The device KV at ``locs`` is byte for byte what ``tokens`` were written with."""
+        """The device KV at ``locs`` is byte for byte what ``tokens`` were written with.
+
+        The target on this rank's stripe; the draft where its device layout
+        keeps each loc (every loc at row = loc, or this rank's stripe at row loc // dcp).
+        """
         slots = Oracle.slots(tokens)[: len(locs)]
         pos, rows = self._owned(locs)
         want = self.oracle.target[slots[pos]]
@@ -477,18 +606,65 @@ class HiCacheRun:
                     f"{self.case.label()}: target layer {layer} differs at {int(bad.sum())} of {len(rows)} "
                     f"rows of this rank's stripe, first at token {int(pos[bad.nonzero()[0]])}"
                 )
-        draft = self.oracle.draft[slots]
-        flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)
-        all_locs = locs.cpu().to(torch.int64)
+        if self.draft_byte_check:
+            positions, rows = self._draft_layout_rows(locs)
+            self._check_draft_rows(tokens, locs, positions, rows, what="draft buffer {layer}",
+                                   where="the draft's forward keeps them at rows")
+        self.counts.tokens_checked += len(locs)
+
+    def check_reads(self, tokens: list[int], locs: torch.Tensor) -> None:
+        """The rows the draft attention reads for a request at ``locs`` hold what ``tokens`` were written with.
+
+        The rows come from the draft pool's own read path (layouts.read): for an
+        MLA draft ``KVIndexTranslator.pack_read_stream``, then under DCP
+        ``plan_dcp_decode_metadata`` (this rank's share) and
+        ``KVIndexTranslator.translate_dcp_read_ids``; for an MHA draft the
+        ``req_to_token`` passthrough (``KVIndexTranslator.read_source``).
+        """
+        positions, rows = self._draft_read_rows(locs)
+        self._check_draft_rows(tokens, locs, positions, rows, what="the draft attention's read of draft buffer {layer}",
+                               where="the draft attention's read path reads them at rows")
+        self.counts.tokens_read_checked += len(positions)
+
+    def _check_draft_rows(self, tokens, locs, positions, rows, *, what: str, where: str) -> None:
+        """The draft's bytes at ``rows`` (those of the tokens at ``positions``) are what ``tokens`` were written with."""
+        slots = Oracle.slots(tokens)[: len(locs)]
+        draft = self.oracle.draft[slots[positions]]
+        flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)  # [n, k/v * layer, ...]
         for layer, buf in enumerate(self._draft_layers()):
-            got = buf[all_locs.to(buf.device)].cpu()
+            got = buf[rows.to(buf.device)].cpu()
             bad = (_bits(got) != _bits(flat[:, layer])).flatten(1).any(1)
             if bad.any():
-                raise AssertionError(
-                    f"{self.case.label()}: draft buffer {layer} differs at {int(bad.sum())} of {len(all_locs)} "
-                    f"tokens, first at token {int(bad.nonzero()[0])}"
-                )
-        self.counts.tokens_checked += len(locs)
+                first = int(bad.nonzero()[0])
+                message = (f"{self.case.label()}: {what.format(layer=layer)} differs at {int(bad.sum())} of "
+                           f"{len(rows)} tokens, first at token {int(positions[first])} (row {int(rows[first])})")
+                wrong = self._wrong_rows(locs, positions, rows, bad, where)
+                if wrong:
+                    raise DraftRowsWrong(f"{message}; {wrong}")
+                raise AssertionError(message)
+
+    def _wrong_rows(self, locs, positions, rows, bad, where: str) -> str:
+        """Why the draft rows are wrong, when the last load-back wrote other rows than those checked; else ''.
+
+        Only the tokens that load-back brought in count, and only with the
+        replicated backup (a sharded one writes a stripe and all-gathers the rest).
+        """
+        if self.last_load is None or self.case.draft_backup != "replicated":
+            return ""
+        loaded, written = self.last_load
+        index = {int(L): i for i, L in enumerate(locs.cpu().tolist())}
+        first = index.get(int(loaded[0])) if len(loaded) else None
+        if first is None or any(index.get(int(L)) != first + k for k, L in enumerate(loaded.tolist())):
+            return ""  # the bad tokens were not the ones just loaded back
+        mine = (positions >= first) & (positions < first + len(loaded))
+        if not bool((bad & mine).any()):
+            return ""
+        checked = rows[mine].tolist()
+        moved = [copy for copy in written if sorted(copy) != sorted(checked)]
+        if not moved:
+            return ""
+        return (f"wrong rows: the load-back wrote draft rows {_span(moved[0])} for locs {_span(loaded.tolist())}, "
+                f"{where} {_span(checked)}")
 
     def scrub_device(self) -> None:
         """NaN over every device buffer, so nothing that was not loaded back can pass the check."""
@@ -521,30 +697,42 @@ class HiCacheRun:
 
     def load_back(self, tokens: list[int]):
         """Bring the host-only part of ``tokens``' cached prefix back to the device; the match of the whole prefix."""
-        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-
+        self.last_load = None
         result = self.match(tokens)
         if result.host_hit_length > 0:
-            extra = {}
-            if self.unified:  # UnifiedRadixCache reads the request's match state: a stand-in with those fields
-                extra["req"] = SimpleNamespace(
-                    last_node=result.last_device_node, swa_host_hit_length=0, mamba_host_hit_length=0,
-                    host_hit_length=result.host_hit_length, rid=f"harness-{self.counts.load_backs}",
-                    mamba_pool_idx=None, kv=SimpleNamespace(mamba_pool_idx=None),  # 0.5.23 moved it under req.kv
-                )
-            loaded, _node = self.tree.init_load_back(InitLoadBackParams(
-                best_match_node=result.best_match_node, host_hit_length=result.host_hit_length,
-                mem_quota=self.case.device_rows * self.case.dcp_size, **extra,
-            ))
-            # The loaded device indices; 0.5.23 returns their count instead.
-            n = 0 if loaded is None else loaded if isinstance(loaded, int) else len(loaded)
-            if n:
-                self.tree.ready_to_load_host_cache()
-                self.counts.load_backs += 1
-                self.counts.tokens_loaded += n
-            self.sync()
-            result = self.match(tokens)
+            on_device = len(result.device_indices)
+            self.ops.log = []  # which draft device rows this load-back writes (the reference ops log them)
+            try:
+                result = self._load_host_part(tokens, result)
+            finally:
+                log, self.ops.log = self.ops.log, None
+            self.last_load = (result.device_indices[on_device:].cpu().to(torch.int64),
+                              [dst_rows for _, dst, _, dst_rows in log if dst == f"{DRAFT}/device"])
         return result
+
+    def _load_host_part(self, tokens: list[int], result):
+        """``init_load_back`` for a match with a host hit, as a scheduler runs it; the match once the load has landed."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        extra = {}
+        if self.unified:  # UnifiedRadixCache reads the request's match state: a stand-in with those fields
+            extra["req"] = SimpleNamespace(
+                last_node=result.last_device_node, swa_host_hit_length=0, mamba_host_hit_length=0,
+                host_hit_length=result.host_hit_length, rid=f"harness-{self.counts.load_backs}",
+                mamba_pool_idx=None, kv=SimpleNamespace(mamba_pool_idx=None),  # 0.5.23 moved it under req.kv
+            )
+        loaded, _node = self.tree.init_load_back(InitLoadBackParams(
+            best_match_node=result.best_match_node, host_hit_length=result.host_hit_length,
+            mem_quota=self.case.device_rows * self.case.dcp_size, **extra,
+        ))
+        # The loaded device indices; 0.5.23 returns their count instead.
+        n = 0 if loaded is None else loaded if isinstance(loaded, int) else len(loaded)
+        if n:
+            self.tree.ready_to_load_host_cache()
+            self.counts.load_backs += 1
+            self.counts.tokens_loaded += n
+        self.sync()
+        return self.match(tokens)
 
     def _alloc(self, n: int) -> torch.Tensor:
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -567,6 +755,8 @@ class HiCacheRun:
         prefix = match.device_indices
         if len(prefix):
             self.check_device(tokens, prefix)
+            if self.case.forward_read:
+                self.check_reads(tokens, prefix)
         # The request holds its prefix while it computes the rest, as a scheduler's lock does.
         locked = self.tree.inc_lock_ref(match.last_device_node)
         try:
@@ -600,7 +790,10 @@ class HiCacheRun:
 
     @property
     def draft_host_bytes(self) -> int:
-        """Bytes the draft host pool allocated: its buffers' storages, each counted once."""
+        """Bytes the draft host pool allocated: its buffers' storages, each counted once.
+
+        A packed draft has no pool of its own: this is then the whole target host pool, draft layers included.
+        """
         storages = {}
         for attr in ("kv_buffer", "k_buffer", "v_buffer"):
             value = getattr(self.draft_host, attr, None)
@@ -613,5 +806,6 @@ class HiCacheRun:
 def case_from(planned, **changes) -> Case:
     """A Case for one entry of matrix.py's plans."""
     fields = {k: getattr(planned, k)
-              for k in ("dcp_size", "dcp_rank", "layout", "io_backend", "draft", "draft_path", "hicache_size")}
+              for k in ("dcp_size", "dcp_rank", "layout", "io_backend", "draft", "draft_path", "hicache_size",
+                        "draft_plan", "draft_layout", "forward_read")}
     return replace(Case(**fields), **changes)

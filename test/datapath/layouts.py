@@ -358,20 +358,24 @@ def _backend(pool, req_to_token):
     return be
 
 
-def write(launch: DraftLaunch, pool, locs, values) -> None:
-    """The draft forward's KV write for one request at widened logical ``locs``, positions 0..n-1."""
+def write(launch: DraftLaunch, pool, locs, values, layer=LAYER) -> None:
+    """The draft forward's KV write for one request at widened logical ``locs``, positions 0..n-1.
+
+    ``layer``: what the pool reads of the draft's RadixAttention (its ``layer_id``); layer 0 by default.
+    The data-path harness (``harness.HiCacheRun``, a striped draft) writes its drafts through here too.
+    """
     import torch
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
     if launch.path == "mla":
-        pool.set_mla_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *values)
+        pool.set_mla_kv_buffer(layer, KVWriteLoc(locs, physical=True), *values)
     elif launch.path == "mha-plain":
-        pool.set_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *values)
+        pool.set_kv_buffer(layer, KVWriteLoc(locs, physical=True), *values)
     else:
         batch = SimpleNamespace(out_cache_loc=locs, out_cache_loc_is_physical=True,
                                 positions=torch.arange(len(locs)), dcp_kv_mask=None)
-        TritonAttnBackend._set_kv_buffer(_backend(pool, None), batch, LAYER, KVWriteLoc.for_batch(batch), *values)
+        TritonAttnBackend._set_kv_buffer(_backend(pool, None), batch, layer, KVWriteLoc.for_batch(batch), *values)
 
 
 def read(launch: DraftLaunch, pool, locs):
@@ -390,7 +394,7 @@ def read(launch: DraftLaunch, pool, locs):
     from sglang.srt.runtime_context import get_parallel
 
     n = len(locs)
-    req_to_token = torch.zeros((2, 2 * PAGE * PAGES * max(DCP_SIZES)), dtype=torch.int32)
+    req_to_token = torch.zeros((2, max(2 * PAGE * PAGES * max(DCP_SIZES), n)), dtype=torch.int32)
     req_to_token[0, :n] = locs
     req_pool_indices = torch.tensor([0])
     seq_lens = torch.tensor([n], dtype=torch.int32)

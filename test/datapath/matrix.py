@@ -78,12 +78,19 @@ class Planned:
     draft: str
     draft_path: str
     hicache_size: float = 0  # GB, as --hicache-size; 0: sized by --hicache-ratio
+    draft_plan: str = "sidecar"  # 0.5.23's HiCache draft plan: "sidecar" or "packed" (harness.Case)
+    draft_layout: str = "replicated"  # the draft's device layout: "replicated" or "striped" (harness.Case)
+    forward_read: bool = False  # also check the draft attention's read path after every load-back
 
     @property
     def id(self) -> str:
         path = "" if self.draft_path == "default" else f"-{self.draft_path}"
         budget = f"-hicache-size{self.hicache_size:g}" if self.hicache_size else ""
-        return f"dcp{self.dcp_size}-r{self.dcp_rank}-{self.layout}-{self.io_backend}-{self.draft}{path}{budget}"
+        pair = "" if (self.draft_plan, self.draft_layout) == ("sidecar", "replicated") else \
+            f"-{self.draft_layout}-draft-{self.draft_plan}-plan"
+        read = "-read" if self.forward_read else ""
+        return (f"dcp{self.dcp_size}-r{self.dcp_rank}-{self.layout}-{self.io_backend}-{self.draft}{path}{budget}"
+                f"{pair}{read}")
 
 
 def _ranks(dcp: int) -> list[int]:
@@ -151,27 +158,101 @@ def budget_fits(tree: str) -> bool:
     return not tree_table.TREES[tree].defect
 
 
+# The draft's HiCache plan x its device layout (docs/draft-layouts.md), driven on the 0.5.23 trees' sidecar path:
+# (plan, layout, draft kind, what sglang 0.5.23 gives it, fits?). "fits": byte-exact and the forward read
+# returns the written bytes; otherwise every case is a strict xfail that only harness.DraftRowsWrong satisfies.
+DRAFT_PAIRS = (
+    ("packed", "striped", "mla", "NEXTN/MTP: EAGLE with the target's own NextN layer", True),
+    ("sidecar", "replicated", "mha", "an MHA draft on fa3/flashinfer", True),
+    ("sidecar", "striped", "mla", "an external MLA EAGLE draft (the project refuses it at launch)", False),
+    ("packed", "replicated", "mla", "counterfactual: a replicated draft packed into the striped target pool", False),
+)
+# Where each pair runs: (dcp, rank) points, and whether the eviction stress runs there too.
+_PAIR_POINTS = {
+    ("packed", "striped"): ([(d, r) for d in (2, 4, 8) for r in _ranks(d)], True),
+    ("sidecar", "replicated"): ([(2, 1), (8, 7)], False),
+    ("sidecar", "striped"): ([(2, 1), (8, 7)], False),
+    ("packed", "replicated"): ([(2, 1)], False),
+}
+# The negative controls of the draft rows: (id, plan, layout, draft, (dcp, rank), the draft's load-back shifted by
+# one row?, byte check of the draft on?, what it shows). Each must raise harness.DraftRowsWrong.
+DRAFT_CONTROLS = (
+    ("shifted-load-byte-check", "packed", "striped", "mla", (4, 3), True, True,
+     "the draft's load-back lands one row off: caught by the byte check"),
+    ("shifted-load-forward-read", "packed", "striped", "mla", (4, 3), True, False,
+     "the same, with the draft's byte check off: caught by the forward read"),
+    ("byte-exact-on-unread-rows", "sidecar", "replicated", "mla", (2, 1), False, True,
+     "a replicated MLA draft, byte-exact on its rows, which the MLA read path does not read: caught by the "
+     "forward read"),
+)
+
+
+def _pairs_driven(tree: str) -> bool:
+    _, paths, _ = TREES[tree]
+    return tree_table.TREES[tree].sglang == tree_table.VERSIONS["next"] and "sidecar" in paths
+
+
+def draft_pair_plan(tree: str, scenario: str = "round_trip") -> list[Planned]:
+    """The draft plan x layout cases on the 0.5.23 trees (``scenario``: "round_trip" or "stress"), forward read on.
+
+    Layout/io pairs in rotation over each pair's points.
+    """
+    if not _pairs_driven(tree):
+        return []
+    out = []
+    for plan, draft_layout, draft, _, _ in DRAFT_PAIRS:
+        points, stress = _PAIR_POINTS[(plan, draft_layout)]
+        if scenario == "stress" and not stress:
+            continue
+        for k, (dcp, rank) in enumerate(points):
+            layout, io = LAYOUT_IO_PAIRS[k % len(LAYOUT_IO_PAIRS)]
+            out.append(Planned(dcp, rank, layout, io, draft, "sidecar", draft_plan=plan, draft_layout=draft_layout,
+                               forward_read=True))
+    return out
+
+
+def draft_control_plan(tree: str) -> list[tuple[str, Planned, bool, bool]]:
+    """DRAFT_CONTROLS on this tree: (id, case, shift the draft's load-back?, byte check of the draft on?)."""
+    if not _pairs_driven(tree):
+        return []
+    return [(name, Planned(dcp, rank, "layer_first", "direct", draft, "sidecar", draft_plan=plan,
+                           draft_layout=layout, forward_read=True), shift, byte_check)
+            for name, plan, layout, draft, (dcp, rank), shift, byte_check, _ in DRAFT_CONTROLS]
+
+
+def draft_pair_fits(p: Planned) -> bool | None:
+    """Whether the case's (plan, layout, draft) pair of DRAFT_PAIRS fits; None for a case of no pair."""
+    return next((fits for plan, layout, draft, _, fits in DRAFT_PAIRS
+                 if (plan, layout, draft) == (p.draft_plan, p.draft_layout, p.draft)), None)
+
+
 def expected(tree: str, p: Planned) -> str:
+    if p.forward_read and draft_pair_fits(p) is not None:
+        return "byte-exact" if draft_pair_fits(p) else "xfail: draft rows wrong"
     return "xfail: draft host overflow" if tree in DEFECT_TREES and p.dcp_size > 1 else "byte-exact"
 
 
 def markdown() -> str:
     rows = [
         "| tree label | tree | draft path | round trips | with --hicache-size | stress runs | negative controls "
-        "| dcp > 1 expected |",
-        "|---|---|---|---|---|---|---|---|",
+        "| draft plan x layout runs | dcp > 1 expected |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for tree, (what, paths, full) in TREES.items():
         if not paths:
-            rows.append(f"| `{tree}` | {what} | none | 0 | 0 | 0 | 0 | not driven: {NOT_DRIVEN} |")
+            rows.append(f"| `{tree}` | {what} | none | 0 | 0 | 0 | 0 | 0 | not driven: {NOT_DRIVEN} |")
             continue
         rt, bud, st, neg = round_trip_plan(tree), budget_plan(tree), stress_plan(tree), negative_plan(tree)
         outcome = "strict xfail, asserted draft host overflow" if tree in DEFECT_TREES else "byte-exact"
         scope = "full matrix" if full else "subset"
         budget = f"{len(bud)} ({'fits' if budget_fits(tree) else 'pins past it'})" if bud else "0"
+        pairs = draft_pair_plan(tree, "round_trip") + draft_pair_plan(tree, "stress")
+        wrong = sum(not draft_pair_fits(p) for p in pairs)
+        controls = len(draft_control_plan(tree))
+        pair_runs = f"{len(pairs)} ({wrong} strict xfail) + {controls} controls" if pairs else "0"
         rows.append(
             f"| `{tree}` | {what} | {', '.join(paths)} | {len(rt)} ({scope}) | {budget} | {len(st)} | {len(neg)} "
-            f"| {outcome} |"
+            f"| {pair_runs} | {outcome} |"
         )
     rows.append("")
     rows.append(
@@ -183,7 +264,45 @@ def markdown() -> str:
         "byte-exact everywhere; 'fits': target and draft host pools pin no more than the budget and one page, "
         "'pins past it': the target takes the whole budget and the draft comes on top (stock 0.5.23)."
     )
+    rows += ["", *pairs_markdown()]
     return "\n".join(rows)
+
+
+def _points(points: list[tuple[int, int]]) -> str:
+    ranks: dict[int, list[int]] = {}
+    for dcp, rank in points:
+        ranks.setdefault(dcp, []).append(rank)
+    return ", ".join(f"dcp {d} (rank {' and '.join(map(str, r))})" for d, r in ranks.items())
+
+
+def pairs_markdown() -> list[str]:
+    """The draft plan x layout cases of the 0.5.23 trees (the same on each of them)."""
+    rows = [
+        "Draft plan x device layout, on each 0.5.23 tree (sidecar path; forward-read check on):",
+        "",
+        "| draft plan | device layout | draft | what 0.5.23 gives it | runs at | scenarios | expected |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for plan, layout, draft, what, fits in DRAFT_PAIRS:
+        points, stress = _PAIR_POINTS[(plan, layout)]
+        scenarios = "round trip, eviction stress" if stress else "round trip"
+        outcome = ("byte-exact, forward read returns the written bytes" if fits
+                   else "strict xfail, asserted `DraftRowsWrong` (the rows are named)")
+        rows.append(f"| {plan} | {layout} | {draft.upper()} | {what} | {_points(points)} | {scenarios} | {outcome} |")
+    for _, plan, layout, draft, point, _, _, what in DRAFT_CONTROLS:
+        rows.append(f"| {plan} | {layout} | {draft.upper()} | negative control: {what} | {_points([point])} "
+                    "| round trip | caught, as `DraftRowsWrong` |")
+    rows += [
+        "",
+        "'striped': written through the draft pool's own `MLATokenToKVPool.set_mla_kv_buffer` (rank r keeps loc L with "
+        "L % N == r at row L // N); 'replicated': written directly at every loc (row = loc). 'packed': the draft pool "
+        "is handed to the tree as `mtp_draft_device_pools`, so its layers are tail layers of the target's "
+        "`MLATokenToKVPoolHost`, and no sidecar is registered. Forward read: after every load-back, the rows the "
+        "draft attention's own read path returns for the request's locs (MLA: `KVIndexTranslator.pack_read_stream`, "
+        "`plan_dcp_decode_metadata`, `KVIndexTranslator.translate_dcp_read_ids`; MHA: the `req_to_token` "
+        "passthrough, `KVIndexTranslator.read_source`) must hold the bytes written before eviction.",
+    ]
+    return rows
 
 
 BEGIN, END = "<!-- matrix:begin (python test/datapath/matrix.py) -->", "<!-- matrix:end -->"

@@ -46,6 +46,8 @@ def round_trip(case: Case, *, register: Callable | None = None, ops: ReferenceOp
             if len(locs) != len(tokens):
                 raise AssertionError(f"{case.label()}: {len(locs)} of {len(tokens)} tokens came back from host")
             run.check_device(tokens, locs)
+            if case.forward_read:
+                run.check_reads(tokens, locs)
             run.evict_device()  # room for the next request; its host copy stays
         if run.counts.host_evictions:
             raise AssertionError(f"{case.label()}: the host pool evicted while it was being filled")

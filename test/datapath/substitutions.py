@@ -27,6 +27,15 @@ on a machine without a CUDA driver:
 ``HICACHE_HOST_MEMORY_RESERVE_BYTES`` (10 GiB of RAM that host pools leave
 free) is lowered too: the harness's pools are megabytes, and a shared 24 GB
 test machine may not have 10 GiB spare. sglang reads it at call time.
+
+One more, only for the forward-read check of the draft (``harness.HiCacheRun``
+with ``Case.forward_read``), and only for the duration of that read: the
+Triton kernels on the draft attention's read path on 0.5.23
+(``create_flashinfer_kv_indices_triton`` in ``KVIndexTranslator.pack_read_stream``,
+``update_kv_lens_and_indices`` in ``plan_dcp_decode_metadata``) run in
+Triton's interpreter (:func:`triton_interpreted`), the same interpreter
+``layouts.py`` gets from ``TRITON_INTERPRET=1`` in its own process. The
+kernels' code is sglang's; only where it runs changes.
 """
 
 from __future__ import annotations
@@ -105,6 +114,10 @@ class ReferenceOps:
         self._by_pointer: dict[int, torch.Tensor] = {}
         self.moved: Counter[tuple[str, str]] = Counter()  # (source pool, destination pool) -> bytes
         self.sabotage: dict[str, object] = {}  # pool name -> callable(rows) used by negative controls
+        # Negative controls: destination pool name -> callable(row indices) -> the rows the copy lands at instead.
+        self.reroute: dict[str, object] = {}
+        # When a list: every copy appends (source pool, destination pool, source rows, destination rows).
+        self.log: list[tuple[str, str, list[int], list[int]]] | None = None
 
     # ---------------------------------------------------------- registry
 
@@ -174,8 +187,12 @@ class ReferenceOps:
             raise ValueError(f"{op}: {src_idx.numel()} source rows for {dst_idx.numel()} destination rows")
         src_rows = src.shape[0] * (src_page or 1)
         dst_rows = dst.shape[0] * (dst_page or 1)
+        if dst_name in self.reroute:
+            dst_idx = self.reroute[dst_name](dst_idx.to(torch.int64))
         si = self._checked(src_idx, src_rows, src_name, "source", op)
         di = self._checked(dst_idx, dst_rows, dst_name, "destination", op)
+        if self.log is not None:
+            self.log.append((src_name, dst_name, si.tolist(), di.tolist()))
         if src_page:
             si = si.to(src.device)
             values = src[si // src_page, src_layer, si % src_page]
@@ -270,6 +287,42 @@ class ReferenceOps:
         for table, dst in ((src_k_layers, dst_k), (src_v_layers, dst_v)):
             for layer, s in enumerate(self._layers(table)[:num_layers]):
                 self._copy("transfer_kv_all_layer_lf_pf", s, src_indices, dst, dst_indices, dst_layer=layer)
+
+
+@contextlib.contextmanager
+def triton_interpreted() -> Iterator[None]:
+    """Every Triton kernel launched in the block runs in Triton's interpreter, on CPU tensors.
+
+    A ``@triton.jit`` function is a ``JITFunction`` unless ``TRITON_INTERPRET``
+    was set when it was decorated (at import). For the block, a launch
+    (``kernel[grid](...)``, which calls ``JITFunction.run``) and a call of one
+    jit function from another (``JITFunction.__call__``, e.g. ``tl.cdiv``) go to
+    an ``InterpretedFunction`` of the same Python function, as they would under
+    ``TRITON_INTERPRET=1``. Both are restored on exit.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    interpreted: dict[int, InterpretedFunction] = {}
+
+    def of(fn: JITFunction) -> InterpretedFunction:
+        found = interpreted.get(id(fn))
+        if found is None:
+            found = interpreted[id(fn)] = InterpretedFunction(fn.fn)
+        return found
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return of(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    def call(self, *args, **kwargs):
+        return of(self)(*args, **kwargs)
+
+    saved = JITFunction.run, JITFunction.__call__
+    JITFunction.run, JITFunction.__call__ = run, call
+    try:
+        yield
+    finally:
+        JITFunction.run, JITFunction.__call__ = saved
 
 
 def sgl_kernel_ops() -> object | None:

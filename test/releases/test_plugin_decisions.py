@@ -27,6 +27,7 @@ STATUS_PHRASE = {
     f"{ASSEMBLER}.build_kv_only_stack": "counts the draft sidecar in --hicache-size",
     f"{ASSEMBLER}.build_full_draft_pools": "stops a short draft sidecar at startup",
     "sglang.srt.mem_cache.hicache_auto_size._draft_bytes": "prices the draft sidecar in auto-sizing",
+    "sglang.srt.arg_groups.hicache_hook.resolve_hicache_dcp_compatibility": "admits the NextN (MTP) draft",
 }
 
 
@@ -65,9 +66,14 @@ def test_what_each_hook_needs_on_this_release(verdicts):
         if since("0.5.19"):
             want.add(f"{ASSEMBLER}.build_full_draft_pools")
         if since("0.5.21"):
-            want.add("sglang.srt.mem_cache.hicache_auto_size._draft_bytes")
+            # The estimate's entry follows _draft_bytes: it tells that hook a packed draft from a sidecar.
+            want |= {"sglang.srt.mem_cache.hicache_auto_size._draft_bytes",
+                     "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"}
         if since("0.5.23"):
-            want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
+            want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group",
+                     # The NextN admission and the plan check behind it, on 0.5.23's gate and plans only.
+                     "sglang.srt.arg_groups.hicache_hook.resolve_hicache_dcp_compatibility",
+                     "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache"}
     assert needs == want, {t: v.name for t, v in verdicts.items()}
 
 

@@ -4,7 +4,9 @@ vllm-ascend's layout. For sglang 0.5.17: ``server_args`` (the resolver),
 ``kv_cache_builder`` (the draft registration and its check-only guard hook),
 ``scheduler`` (the host-memory budget). For the draft sidecar of 0.5.19 and
 later: ``hybrid_pool_assembler`` (the budget and the guard) and
-``hicache_auto_size`` (the auto-size estimate). Every entry is judged on the
+``hicache_auto_size`` (the auto-size estimate). For the NextN (MTP) draft
+under DCP on 0.5.23: ``hicache_hook`` (the argument gate) and
+``kv_cache_builder`` (the plan check). Every entry is judged on the
 code it would patch, so a release gets only the hooks its code needs, and
 the carriers are imported only when their sglang module is.
 
@@ -66,8 +68,12 @@ class Hook:
 
     def wrap(self, original: Callable, *, check_only: bool = True):
         """``original`` as the plugin would leave it: hooked, checked, or untouched; with the verdict."""
-        from ._common import Verdict
+        from ._common import Finding, Verdict, unhooked
 
+        if unhooked(original) is not original:
+            # sglang's HookRegistry wraps it already: the plugin was loaded in this process. A judge
+            # that follows a neighbour sees through those wrappers and would hook it a second time.
+            return Finding(self.target, Verdict.FIXED, "hooked already in this process (load_plugins)"), original
         finding = self.judged(original)
         around = None
         if finding.verdict is Verdict.NEEDS_FIX:
@@ -86,6 +92,7 @@ class Hook:
 
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
+GATE_MODULE = "sglang.srt.arg_groups.hicache_hook"
 
 HOOKS: tuple[Hook, ...] = (
     # sglang 0.5.17: the gate, the draft registration and the scheduler's budget.
@@ -154,6 +161,34 @@ HOOKS: tuple[Hook, ...] = (
         does="prices the draft sidecar at dcp_size rows per target row in the auto-size estimate",
         series_patch="upstream-next/0002",
     ),
+    Hook(
+        module=AUTO_SIZE,
+        target=f"{AUTO_SIZE}._estimate_hicache_bytes",
+        carrier="hicache_auto_size",
+        judge_name="estimate_verdict",
+        hook_name="note_sidecar_drafts",
+        does="tells the _draft_bytes hook which drafts are sidecars: packed layers stay at one row per target row",
+        series_patch="upstream-next/0009",
+    ),
+    # sglang 0.5.23: the NextN (MTP) draft under DCP + HiCache, and the plan check behind it.
+    Hook(
+        module=GATE_MODULE,
+        target=f"{GATE_MODULE}.resolve_hicache_dcp_compatibility",
+        carrier="hicache_hook",
+        judge_name="nextn_gate_verdict",
+        hook_name="admit_nextn",
+        does="admits the NextN (MTP) draft through the HiCache + DCP gate; an external EAGLE or EAGLE3 draft is refused in the series' words",
+        series_patch="upstream-next/0008",
+    ),
+    Hook(
+        module="sglang.srt.mem_cache.kv_cache_builder",
+        target="sglang.srt.mem_cache.kv_cache_builder.build_kv_cache",
+        carrier="kv_cache_builder",
+        judge_name="plan_check_verdict",
+        hook_name="check_draft_plan_first",
+        does="checks each draft plan against the draft's DCP layout before any pool is built",
+        series_patch="upstream-next/0009",
+    ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
 
@@ -170,19 +205,25 @@ def in_effect(module: str) -> Iterator[dict]:
     from unittest import mock
 
     findings: dict = {}
+    wrapped = []
+    # Every entry is judged before any is patched: a judge that reads a
+    # neighbour (the estimate's follows _draft_bytes) must see sglang's code,
+    # as under sglang's HookRegistry, where unhooked() sees through the hooks.
+    for hook in HOOKS:
+        if hook.module != module:
+            continue
+        owner_path, name = hook.target.rsplit(".", 1)
+        try:
+            owner = pkgutil.resolve_name(owner_path)
+        except (ImportError, AttributeError):  # a module this release does not have
+            continue
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        findings[hook.target], hooked = hook.wrap(original)
+        if hooked is not original:
+            wrapped.append((owner, name, hooked))
     with contextlib.ExitStack() as stack:
-        for hook in HOOKS:
-            if hook.module != module:
-                continue
-            owner_path, name = hook.target.rsplit(".", 1)
-            try:
-                owner = pkgutil.resolve_name(owner_path)
-            except (ImportError, AttributeError):  # a module this release does not have
-                continue
-            original = getattr(owner, name, None)
-            if original is None:
-                continue
-            findings[hook.target], hooked = hook.wrap(original)
-            if hooked is not original:
-                stack.enter_context(mock.patch.object(owner, name, hooked))
+        for owner, name, hooked in wrapped:
+            stack.enter_context(mock.patch.object(owner, name, hooked))
         yield findings

@@ -106,3 +106,21 @@ def first_call() -> None:
     from .. import decisions
 
     decisions.first_call()
+
+
+def unhooked(fn):
+    """``fn`` as sglang defines it, under any wrappers sglang's HookRegistry put around it.
+
+    A judge that follows another entry's verdict may run after that entry's
+    hook was applied (a module's entries are decided and applied in table
+    order); it must judge sglang's code, not the plugin's.
+    """
+    # The wrappers carry the original's name (functools.wraps); their code is HookRegistry's own.
+    while fn is not None and hasattr(fn, "__wrapped__") and _is_registry_wrapper(fn):
+        fn = fn.__wrapped__
+    return fn
+
+
+def _is_registry_wrapper(fn) -> bool:
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_filename.replace("\\", "/").endswith("/plugins/hook_registry.py")

@@ -9,17 +9,25 @@ dcp_size, and the ratio it picks overshoots the host-memory fraction.
 patches/upstream-next 0002 scales it; the AROUND hook here hands sglang's own
 ``_draft_bytes`` a view of the target whose ``size`` is its logical rows, which
 is the same product. SWA drafts follow the target's SWA slots, which never
-widen, and are left as they are.
+widen, and are left as they are; so are packed draft layers (the NextN draft
+under DCP, 0009), which live in the target's own rows: a second hook, on
+``_estimate_hicache_bytes``, tells ``_draft_bytes`` which drafts of the
+estimate are sidecars.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 
-from ._common import Finding, Overlay, Verdict, first_call, probing
+from ._common import Finding, Overlay, Verdict, first_call, probing, unhooked
 
 MODULE = "sglang.srt.mem_cache.hicache_auto_size"
 DRAFT_BYTES = f"{MODULE}._draft_bytes"
+ESTIMATE = f"{MODULE}._estimate_hicache_bytes"
+
+# The draft pools the estimate being made prices as sidecars; None outside an estimate (a sidecar, as before).
+_sidecars: contextvars.ContextVar[frozenset[int] | None] = contextvars.ContextVar("dcp_dspark_sidecars", default=None)
 
 
 def _is_swa(pool) -> bool:
@@ -38,7 +46,7 @@ def auto_size_verdict(draft_bytes: Callable | None = None) -> Finding:
     from .. import sidecar
 
     if draft_bytes is None:
-        draft_bytes = getattr(importlib.import_module(MODULE), "_draft_bytes", None)
+        draft_bytes = unhooked(getattr(importlib.import_module(MODULE), "_draft_bytes", None))
     if draft_bytes is None:
         return Finding(DRAFT_BYTES, Verdict.OUT_OF_SCOPE, "hicache_auto_size has no _draft_bytes")
     rank = sidecar.Rank(dcp_size=2, device_rows=64, page_size=16, target_layers=1)
@@ -62,7 +70,9 @@ def auto_size_verdict(draft_bytes: Callable | None = None) -> Finding:
 def price_logical_rows(original: Callable, target, draft, *args, **kwargs):
     """AROUND hook for ``_draft_bytes(target, draft)``."""
     first_call()
-    if _is_swa(draft):
+    sidecars = _sidecars.get()
+    if _is_swa(draft) or (sidecars is not None and id(draft) not in sidecars):
+        # SWA drafts follow the target's SWA slots; packed layers live in the target's own rows.
         return original(target, draft, *args, **kwargs)
     from sglang.srt.runtime_context import get_parallel
 
@@ -70,3 +80,21 @@ def price_logical_rows(original: Callable, target, draft, *args, **kwargs):
     if dcp <= 1:
         return original(target, draft, *args, **kwargs)
     return original(Overlay(target, size=target.size * dcp), draft, *args, **kwargs)
+
+
+def estimate_verdict(estimate: Callable | None = None) -> Finding:
+    """The estimate hook tells a packed draft from a sidecar for the _draft_bytes hook: needed exactly where that one is."""
+    draft_bytes = auto_size_verdict()
+    return Finding(ESTIMATE, draft_bytes.verdict, f"follows _draft_bytes: {draft_bytes.detail}")
+
+
+def note_sidecar_drafts(original: Callable, params, draft_plan=None, *args, **kwargs):
+    """AROUND hook for ``_estimate_hicache_bytes(params, draft_plan)``: which drafts are sidecars, for this estimate."""
+    first_call()
+    mode = str(getattr(getattr(draft_plan, "mode", None), "value", getattr(draft_plan, "mode", ""))).lower()
+    pools = tuple(getattr(draft_plan, "device_pools", ()) or ()) if mode == "sidecar" else ()
+    token = _sidecars.set(frozenset(id(p) for p in pools))
+    try:
+        return original(params, draft_plan, *args, **kwargs)
+    finally:
+        _sidecars.reset(token)

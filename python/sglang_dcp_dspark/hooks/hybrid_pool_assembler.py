@@ -27,7 +27,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 
-from ._common import Finding, Verdict, first_call, probing
+from ._common import Finding, Verdict, first_call, probing, unhooked
 
 MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 KV_ONLY_STACK = f"{MODULE}.build_kv_only_stack"
@@ -98,7 +98,7 @@ def budget_verdict(stack: Callable | None = None) -> Finding:
     ways; the series' 0001 shrinks it.
     """
     if stack is None:
-        stack = getattr(_assembler(), "build_kv_only_stack", None)
+        stack = unhooked(getattr(_assembler(), "build_kv_only_stack", None))
     if stack is None:
         return Finding(KV_ONLY_STACK, Verdict.OUT_OF_SCOPE, "hybrid_pool_assembler has no build_kv_only_stack")
     blind = _sees_sidecar_drafts()
@@ -122,7 +122,7 @@ def group_verdict(group: Callable | None = None) -> Finding:
     """The group hook carries the stack hook's share into ``host_size``: it is needed exactly when that one is."""
     stack = budget_verdict()
     if group is None:
-        group = getattr(_assembler(), "build_kv_only_group", None)
+        group = unhooked(getattr(_assembler(), "build_kv_only_group", None))
     if stack.verdict is not Verdict.NEEDS_FIX:
         return Finding(KV_ONLY_GROUP, stack.verdict, f"follows build_kv_only_stack: {stack.detail}")
     import inspect
@@ -143,7 +143,7 @@ def guard_verdict(full_draft_pools: Callable | None = None) -> Finding:
 
     assembler = _assembler()
     if full_draft_pools is None:
-        full_draft_pools = getattr(assembler, "build_full_draft_pools", None)
+        full_draft_pools = unhooked(getattr(assembler, "build_full_draft_pools", None))
     if full_draft_pools is None or not hasattr(assembler, "_build_mha_mla_host_pool"):
         return Finding(FULL_DRAFT_POOLS, Verdict.OUT_OF_SCOPE, "hybrid_pool_assembler has no draft sidecar builder")
     import inspect

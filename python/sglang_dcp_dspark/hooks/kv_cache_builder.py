@@ -121,3 +121,42 @@ def check_only_if_needed() -> Callable | None:
     except Exception:  # runs inside sglang's import; an unknown version is guarded
         fixed_upstream = False
     return None if fixed_upstream else check_draft_registration
+
+
+# ------------------------------------------------------------------ sglang 0.5.23: the draft plan under DCP
+
+BUILD_KV_CACHE = f"{MODULE}.build_kv_cache"
+
+
+def plan_check_verdict(build_kv_cache: Callable | None = None) -> Finding:
+    """Is the plan check needed? Exactly where the plugin admits the NextN draft through the gate (hooks.hicache_hook)."""
+    import inspect
+
+    from . import hicache_hook
+
+    gate = hicache_hook.nextn_gate_verdict()
+    if gate.verdict is not Verdict.NEEDS_FIX:
+        return Finding(BUILD_KV_CACHE, gate.verdict, f"follows the HiCache + DCP gate: {gate.detail}")
+    if build_kv_cache is None:
+        from sglang.srt.mem_cache import kv_cache_builder
+
+        build_kv_cache = getattr(kv_cache_builder, "build_kv_cache", None)
+    params = set(inspect.signature(build_kv_cache).parameters) if build_kv_cache is not None else set()
+    if not {"hicache_draft_plan", "spec_algorithm", "enable_hierarchical_cache"} <= params:
+        return Finding(BUILD_KV_CACHE, Verdict.UNRECOGNISED, "build_kv_cache takes no hicache_draft_plan to check")
+    return Finding(BUILD_KV_CACHE, Verdict.NEEDS_FIX,
+                   "the gate hook admits the NextN draft, so each plan is checked against its draft's DCP layout")
+
+
+def check_draft_plan_first(original: Callable, *args, **kwargs):
+    """AROUND hook for ``build_kv_cache`` (keyword-only): the plan check, then sglang's own build."""
+    from sglang.srt.runtime_context import get_parallel
+
+    from .hicache_hook import check_draft_plan
+
+    first_call()
+    plan = kwargs.get("hicache_draft_plan")
+    if kwargs.get("enable_hierarchical_cache") and plan is not None and get_parallel().dcp_enabled:
+        algorithm = getattr(kwargs.get("spec_algorithm"), "name", None)
+        check_draft_plan(plan, algorithm, get_parallel().attn_dcp_size)
+    return original(*args, **kwargs)

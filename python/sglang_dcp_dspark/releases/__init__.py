@@ -149,7 +149,7 @@ class Release:
         """
         from sglang.srt.server_args import prepare_server_args
 
-        with self.hooks_on("sglang.srt.server_args", hooked):
+        with self.resolution_hooks(hooked):
             return prepare_server_args(list(argv))
 
     def value(self, args, name: str, default=None):
@@ -201,6 +201,17 @@ class Release:
         from ..sizing import KV_DTYPES
 
         return KV_DTYPES.get(launch.kv_cache_dtype, "bfloat16")
+
+    # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver, 0.5.23's gate.
+    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.hicache_hook")
+
+    @contextlib.contextmanager
+    def resolution_hooks(self, hooked: bool):
+        with contextlib.ExitStack() as stack:
+            for module in self.RESOLUTION_MODULES:
+                if _optional(module) is not None:
+                    stack.enter_context(self.hooks_on(module, hooked))
+            yield
 
     @contextlib.contextmanager
     def hooks_on(self, module: str, hooked: bool):
