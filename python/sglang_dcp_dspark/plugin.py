@@ -95,9 +95,6 @@ active: bool | None = None
 # registered later (a module imported after load_plugins()) are attributed too.
 _source = None
 
-# The decision log lives in :mod:`decisions`; these names stay for callers of this module.
-_say = decisions.say
-
 
 # ------------------------------------------------------------------ register
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from unittest import mock
@@ -74,20 +74,36 @@ class Pools:
     entries: list = field(default_factory=list)  # every sidecar entry build_full_draft_pools returned
 
 
-def _patch_if_present(stack: contextlib.ExitStack, module_name: str, name: str, value) -> None:
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return
-    if hasattr(module, name):
-        stack.enter_context(mock.patch.object(module, name, value))
-
-
-def _optional_module(name: str):
+def optional_module(name: str):
+    """``name`` imported, or None where this release does not have it."""
     try:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def stand_in_host_memory(stack: contextlib.ExitStack, available: Callable[[], int] | None,
+                         alloc: Callable[[Callable], Callable] | None = None) -> None:
+    """sglang's host pools built without pinning, for the block ``stack`` holds.
+
+    CUDA host registration is off; ``alloc``, given sglang's ``alloc_mmap``,
+    returns what replaces it (None: sglang's own); psutil's free RAM is
+    answered by ``available()`` where a release checks it (None: psutil is
+    left alone, as from 0.5.21, where one budget books every pool).
+    """
+    common = optional_module("sglang.srt.mem_cache.pool_host.common")
+    if common is not None and hasattr(common, "_cuda_host_register"):
+        stack.enter_context(mock.patch.object(common, "_cuda_host_register", lambda *a, **k: None))
+    if alloc is not None and common is not None and hasattr(common, "alloc_mmap"):
+        # MAP_POPULATE would fault in every byte; the sizes are what is measured.
+        stack.enter_context(mock.patch.object(common, "alloc_mmap", alloc(common.alloc_mmap)))
+    if available is None:
+        return
+    node = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available()))
+    for module in (optional_module("sglang.srt.mem_cache.pool_host.base"),
+                   optional_module("sglang.srt.mem_cache.memory_pool_host")):
+        if module is not None and hasattr(module, "psutil"):
+            stack.enter_context(mock.patch.object(module, "psutil", node))
 
 
 @contextlib.contextmanager
@@ -128,19 +144,14 @@ def on_rank(rank: Rank) -> Iterator[None]:
         base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
         if hasattr(base, "host_memory_budget_scope"):  # 0.5.21 on: one budget snapshot books every pool
             stack.enter_context(base.host_memory_budget_scope(rank.host_memory))
+        free = None
         if hasattr(base, "psutil"):  # before: free RAM from psutil, less sglang's reserve, at construction
             available = rank.host_memory + getattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0)
-            node = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available - pinned[0]))
-            for module in (base, importlib.import_module("sglang.srt.mem_cache.memory_pool_host")):
-                if hasattr(module, "psutil"):
-                    stack.enter_context(mock.patch.object(module, "psutil", node))
-        common = "sglang.srt.mem_cache.pool_host.common"
-        _patch_if_present(stack, common, "_cuda_host_register", lambda *a, **k: None)
-        common_module = _optional_module(common)
-        if common_module is not None and hasattr(common_module, "alloc_mmap"):
-            # MAP_POPULATE would fault in every byte; the sizes are what is measured.
-            alloc = meta_buffer if rank.meta_buffers else common_module.alloc_mmap
-            stack.enter_context(mock.patch.object(common_module, "alloc_mmap", counted(alloc)))
+
+            def free():
+                return available - pinned[0]
+
+        stand_in_host_memory(stack, free, lambda real: counted(meta_buffer if rank.meta_buffers else real))
         stack.enter_context(mock.patch.object(importlib.import_module(ASSEMBLER), "HybridCacheController", mock.MagicMock()))
         # A lone rank: sglang agrees sizes with its peers through collectives (the auto-sized
         # ratio, a fixed --hicache-size across PP stages) once torch.distributed is up, and

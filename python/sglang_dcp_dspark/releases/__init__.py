@@ -38,6 +38,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..errors import DcpDsparkError
+from ..sidecar import optional_module
 from ..sizing import MLAKV, HostPoolSize
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class Release:
     def resolution_hooks(self, hooked: bool):
         with contextlib.ExitStack() as stack:
             for module in self.RESOLUTION_MODULES:
-                if _optional(module) is not None:
+                if optional_module(module) is not None:
                     stack.enter_context(self.hooks_on(module, hooked))
             yield
 
@@ -279,34 +280,21 @@ def host_pools_on_meta(available: int) -> Iterator[None]:
     From 0.5.19 :mod:`sidecar` does the same inside the runtime context.
     """
     import torch
-    from sglang.srt.mem_cache.pool_host import base, common
 
+    from ..sidecar import stand_in_host_memory
     from ..sizing import _on_meta_mode
 
-    plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available))
+    def on_meta_device(sglangs_alloc):
+        return lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")
+
+    meta = on_meta()
     with contextlib.ExitStack() as stack:
-        if on_meta():
-            if hasattr(common, "alloc_mmap"):
-                stack.enter_context(mock_patch(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")))
+        stand_in_host_memory(stack, lambda: available, on_meta_device if meta else None)
+        if meta:
             stack.enter_context(_on_meta_mode())
-        stack.enter_context(mock_patch(common, "_cuda_host_register", lambda *a, **k: None))
-        for module in (base, _optional("sglang.srt.mem_cache.memory_pool_host")):
-            if module is not None and hasattr(module, "psutil"):
-                stack.enter_context(mock_patch(module, "psutil", plenty))
         yield
 
 
-def mock_patch(owner, name: str, value):
-    from unittest import mock
-
-    return mock.patch.object(owner, name, value)
-
-
-def _optional(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
 
 
 
