@@ -49,7 +49,9 @@ class Model:
 
 
 # Both from the models' public config.json (num_hidden_layers, kv_lora_rank,
-# qk_rope_head_dim); the DSPARK draft is one layer of the same MLA geometry.
+# qk_rope_head_dim); the draft is one layer of the same MLA geometry, a NextN
+# layer's shape: a stand-in for the budget arithmetic (DSPARK's shipped drafts
+# are dense; preflight sizes those, docs/host-memory.md says so).
 MODELS = (
     Model("DeepSeek-V3", "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json",
           sizing.MLAKV(61, 512, 64), sizing.MLAKV(1, 512, 64)),

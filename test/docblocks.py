@@ -12,10 +12,14 @@ Freshness tests compare a block with what its command prints now (``check``);
 run from the repository root with this interpreter's directory first on PATH,
 so ``python`` and ``sglang-dcp-dspark`` are the virtual environment's, and each
 runs at most once per process (several blocks, or tests, may share one).
+They import this checkout's package (``python/`` first on ``PYTHONPATH``, after
+a tree the command names), never whatever clone the environment was set up
+from, and :func:`check` asserts it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -71,8 +75,23 @@ def _env() -> dict[str, str]:
     # The plugin's switches as an operator's shell has them by default; a tree only where the command names one.
     for name in ("SGLANG_PLUGINS", "SGLANG_ENABLE_DCP_DSPARK_PLUGIN", "DCP_DSPARK_TREE", "PYTHONPATH"):
         env.pop(name, None)
+    # This checkout's package first: the virtual environment's editable install may be another clone's.
+    env["PYTHONPATH"] = str(REPO / "python")
     env["PYTHONWARNINGS"] = "ignore"
     return env
+
+
+def _in_checkout(command: str) -> str:
+    """``command`` as run: a ``PYTHONPATH=TREE`` it starts with keeps this checkout's package after the tree."""
+    return re.sub(r"^PYTHONPATH=(\S+) ", lambda m: f'PYTHONPATH={m.group(1)}{os.pathsep}"$PYTHONPATH" ', command)
+
+
+@functools.cache
+def imported_from() -> Path:
+    """Where the commands' ``sglang_dcp_dspark`` comes from (checked to be this checkout by :func:`check`)."""
+    out = subprocess.run([sys.executable, "-c", "import sglang_dcp_dspark; print(sglang_dcp_dspark.__file__)"],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, check=True).stdout
+    return Path(out.strip()).resolve()
 
 
 def start(commands) -> None:
@@ -80,7 +99,7 @@ def start(commands) -> None:
     for command in dict.fromkeys(commands):
         if command not in _OUTPUT and command not in _PENDING:
             _PENDING[command] = subprocess.Popen(
-                command, shell=True, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                _in_checkout(command), shell=True, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
 
 
@@ -98,6 +117,11 @@ def run(command: str) -> str:
 def check(name: str, output: str | None = None) -> None:
     """The block ``name`` is what its command prints now (``output``, when the caller ran it another way)."""
     b = block(name)
+    package = imported_from()
+    assert package.is_relative_to(REPO / "python"), (
+        f"the docs' commands import sglang_dcp_dspark from {package}, not from this checkout ({REPO / 'python'}); "
+        "fix: run the tests with this checkout's python/ importable"
+    )
     fresh = b.render(run(b.command) if output is None else output)
     assert b.body == fresh, (
         f"{b.doc.relative_to(REPO)}: the {name} block is stale, `{b.command}` prints something else now; "

@@ -76,6 +76,14 @@ def touch_draft_rows(pair: PoolPair) -> None:
     """
     draft = pair.draft_host_pool
     rows = pair.draft_rows_for(pair.allocatable_slots())
+    if hasattr(draft, "head_num"):  # a dense draft's MHATokenToKVPoolHost: K and V first
+        if draft.layout == "layer_first":  # [k/v, layer, row, head, dim]
+            draft.kv_buffer[:, :, rows]
+        elif draft.layout == "page_first":  # [k/v, row, layer, head, dim]
+            draft.kv_buffer[:, rows]
+        else:
+            raise NotImplementedError(f"touch_draft_rows: MHA layout {draft.layout}")
+        return
     if draft.layout == "layer_first":  # [layer, row, 1, dim]
         draft.kv_buffer[:, rows]
     elif draft.layout == "page_first":  # [row, layer, 1, dim]

@@ -20,13 +20,13 @@ def test_bytes_per_token_is_what_the_host_pool_charges(layers):
     assert host_bytes_per_token(target.device_pool) == target.size_per_token
 
 
-def build_with_target_share(dcp: int, target_bytes: int) -> hostpool.PoolPair:
+def build_with_target_share(dcp: int, target_bytes: int, draft_kind: str = "mla") -> hostpool.PoolPair:
     """Target sized by --hicache-size = target_bytes, draft by the fixed registration, as sglang builds them."""
     from sglang.srt.mem_cache import kv_cache_builder
 
     from sglang_dcp_dspark.plugin import fixed_registration
 
-    g = hostpool.Geometry(dcp, hicache_size_gb=target_bytes / 1e9)
+    g = hostpool.Geometry(dcp, hicache_size_gb=target_bytes / 1e9, draft_kind=draft_kind)
     return hostpool.build_pools(g, register=fixed_registration(kv_cache_builder.maybe_register_hicache_draft))
 
 
@@ -34,8 +34,8 @@ def pinned(pair: hostpool.PoolPair) -> int:
     return sum(int(p.size) * int(p.size_per_token) for p in (pair.target_host_pool, pair.draft_host_pool))
 
 
-def split_for(dcp: int) -> BudgetSplit:
-    pair = hostpool.build_pools(hostpool.Geometry(dcp, device_rows=64))
+def split_for(dcp: int, draft_kind: str = "mla") -> BudgetSplit:
+    pair = hostpool.build_pools(hostpool.Geometry(dcp, device_rows=64, draft_kind=draft_kind))
     return BudgetSplit(
         BUDGET,
         pair.target_host_pool.size_per_token,
@@ -45,10 +45,12 @@ def split_for(dcp: int) -> BudgetSplit:
     )
 
 
+# "mha": the dense DSPARK draft (DSparkDraftModel), with its own MHATokenToKVPoolHost.
+@pytest.mark.parametrize("draft_kind", ["mla", "mha"], ids=["mla-draft", "dense-dspark-draft"])
 @pytest.mark.parametrize("dcp", [1, 2, 4, 8, 16])
-def test_split_fits_real_pools_inside_the_budget(dcp):
-    split = split_for(dcp)
-    pair = build_with_target_share(dcp, split.target_budget_bytes)
+def test_split_fits_real_pools_inside_the_budget(dcp, draft_kind):
+    split = split_for(dcp, draft_kind)
+    pair = build_with_target_share(dcp, split.target_budget_bytes, draft_kind)
     assert pinned(pair) <= BUDGET
     assert split.target_rows <= pair.target_host_pool.size <= split.target_rows + hostpool.PAGE_SIZE
     assert pair.draft_host_pool.size >= pair.target_host_pool.logical_size

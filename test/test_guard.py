@@ -19,8 +19,9 @@ def stock_registration():
     return inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
 
 
-def test_stock_sizing_at_dcp8_is_stopped_with_both_sizes(stock_registration):
-    pair = hostpool.build_pools(hostpool.Geometry(8), register=stock_registration)
+@pytest.mark.parametrize("draft_kind", ["mla", "mha"], ids=["mla-draft", "dense-dspark-draft"])
+def test_stock_sizing_at_dcp8_is_stopped_with_both_sizes(stock_registration, draft_kind):
+    pair = hostpool.build_pools(hostpool.Geometry(8, draft_kind=draft_kind), register=stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
         guard.check_draft_host_pool(pair.target_host_pool, pair.draft_host_pool)
     message = str(caught.value)
@@ -32,10 +33,11 @@ def test_stock_sizing_at_dcp8_is_stopped_with_both_sizes(stock_registration):
     assert isinstance(caught.value, StartupError) and not isinstance(caught.value, DcpDsparkError)
 
 
+@pytest.mark.parametrize("draft_kind", ["mla", "mha"], ids=["mla-draft", "dense-dspark-draft"])
 @pytest.mark.parametrize("dcp", [1, 2, 8])
-def test_plugin_sizing_passes_the_guard(stock_registration, dcp):
+def test_plugin_sizing_passes_the_guard(stock_registration, dcp, draft_kind):
     fixed = plugin.fixed_registration(stock_registration)
-    pair = hostpool.build_pools(hostpool.Geometry(dcp), register=fixed)  # the hook runs the guard itself
+    pair = hostpool.build_pools(hostpool.Geometry(dcp, draft_kind=draft_kind), register=fixed)  # the hook runs the guard itself
     assert pair.out_of_bounds_slots() == 0
 
 

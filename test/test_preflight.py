@@ -97,7 +97,7 @@ def test_plain_launch_without_a_draft_passes():
 
 
 def test_default_launch_with_a_draft_passes():
-    """No arguments (make demo): DeepSeek-V3 and a one-layer MLA DSPARK draft at DCP8 + HiCache on an 8 x H200, 2 TiB node.
+    """No arguments (make demo): DeepSeek-V3 and a dense DSPARK draft at DCP8 + HiCache on an 8 x H200, 2 TiB node.
 
     Stock sglang refuses it, the plugin admits it with a draft host pool that
     covers the logical slots, the node holds the pools, and nothing but the
@@ -112,10 +112,11 @@ def test_default_launch_with_a_draft_passes():
     assert "with plugin   passes" in out
     assert "page size       1 physical, 8 logical" in out
     assert f"device rows     {DEFAULT_DEVICE_ROWS:,} physical per rank ({DEFAULT_DEVICE_ROWS_NOTE})" in out
-    # DeepSeek-V3's MLA rows: 61 layers x (512 + 64) x 2 bytes; the draft's one layer: 1,152 bytes.
+    # DeepSeek-V3's MLA rows: 61 layers x (512 + 64) x 2 bytes; the dense draft's: 5 layers x 2 KV heads
+    # per rank (16 over --tp 8) x K and V x head_dim 64 x 2 bytes = 2,560 bytes.
     assert re.search(r"^  target KV +[\d,]+ +70,272 ", out, re.M), out
-    assert re.search(r"^  stock: draft +[\d,]+ +1,152 .* 0\.125$", out, re.M), out
-    assert re.search(r"^  draft +[\d,]+ +1,152 .* 1\.000$", out, re.M), out
+    assert re.search(r"^  stock: draft +[\d,]+ +2,560 .* 0\.125$", out, re.M), out
+    assert re.search(r"^  draft +[\d,]+ +2,560 .* 1\.000$", out, re.M), out
     assert "  draft           plan registration, kv_cache_builder.maybe_register_hicache_draft" in out
     assert "available       2,048.00 GiB (the emulated node's default) less sglang's 10.00 GiB reserve: fits" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
@@ -123,8 +124,8 @@ def test_default_launch_with_a_draft_passes():
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
-def test_default_launch_is_deepseek_v3_with_a_one_layer_draft(capsys):
-    """The embedded default's configs: DeepSeek-V3's geometry, a one-layer MLA draft, the stated device rows."""
+def test_default_launch_is_deepseek_v3_with_a_dense_dspark_draft(capsys):
+    """The embedded default's configs: DeepSeek-V3's geometry, a dense DSparkDraftModel draft, the stated device rows."""
     assert main(["preflight", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     launch = report["launch"]
@@ -133,8 +134,13 @@ def test_default_launch_is_deepseek_v3_with_a_one_layer_draft(capsys):
     target = json.loads((DEFAULT_MODEL / "config.json").read_text())
     assert target["architectures"] == ["DeepseekV3ForCausalLM"] and target["num_hidden_layers"] == 61
     sizing = report["sizing"]
-    assert sizing["target_kv"] == {"layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
-    assert sizing["draft_kv"] == {"layers": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "dtype": "bfloat16"}
+    assert sizing["target_kv"] == {"kind": "mla", "layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                   "dtype": "bfloat16"}
+    # A class sglang ships (models/dspark.py), read through its ModelConfig: 16 KV heads split over --tp 8.
+    draft = json.loads((DEFAULT_DRAFT / "config.json").read_text())
+    assert draft["architectures"] == ["DSparkDraftModel"] and sizing["draft_architecture"] == "DSparkDraftModel"
+    assert sizing["draft_kv"] == {"kind": "mha", "layers": 5, "head_num": 2, "head_dim": 64, "v_head_dim": 64,
+                                  "dtype": "bfloat16"}
     assert sizing["device_rows"] == DEFAULT_DEVICE_ROWS and not sizing["device_rows_estimated"]
     assert report["node"]["gpus"] == 8 and report["node"]["gpu_name"] == "NVIDIA H200"
     ram = sizing["host_ram"]
@@ -383,11 +389,11 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, reason):
 @pytest.mark.parametrize(
     "name,edit,reason",
     [
-        ("no-rope", _without("qk_rope_head_dim"), "is an MLA config with qk_rope_head_dim='missing'"),
-        ("zero-rank", lambda c: {**c, "kv_lora_rank": 0}, "is an MLA config with kv_lora_rank=0"),
-        ("layers-text", lambda c: {**c, "num_hidden_layers": "2"}, "num_hidden_layers='2'"),
+        ("zero-rank", lambda c: {**c, "kv_lora_rank": 0}, "has kv_lora_rank 0 and qk_rope_head_dim 64 as sglang reads them"),
+        ("layers-text", lambda c: {**c, "num_hidden_layers": "2"}, "has a field of the wrong type (Validation error for field 'num_hidden_layers'"),
         ("a-list", lambda c: [c], "holds a JSON list, not an object"),
-        ("no-mla", lambda c: _without("qk_rope_head_dim")(_without("kv_lora_rank")(c)), "the target config.json has no kv_lora_rank or qk_rope_head_dim"),
+        ("a-million-layers", lambda c: {**c, "num_hidden_layers": 1_000_000},
+         "has 1,000,000 KV layers per rank; expected 1 to 1,024 (preflight's limits"),
     ],
 )
 def test_bad_config_exits_2(capsys, tmp_path, name, edit, reason):
@@ -397,6 +403,25 @@ def test_bad_config_exits_2(capsys, tmp_path, name, edit, reason):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert reason in err and err.count("\n") == 1 and "fix:" in err
+
+
+def test_a_dense_target_under_hicache_is_one_line(capsys, tmp_path):
+    """HiCache without DCP on a dense target: sglang admits it, preflight says it does not size it (never a silent pass)."""
+    model = _config(tmp_path, "dense", lambda c: {**c, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                                   "head_dim": 128, "num_key_value_heads": 8})
+    assert main(["preflight", "--device-rows", "1024", "--", "--model-path", str(model), "--tp", "8",
+                 "--enable-hierarchical-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "preflight sizes HiCache host pools for MLA targets" in err and "(Qwen3ForCausalLM)" in err
+    assert err.count("\n") == 1 and "fix:" in err
+
+
+def test_a_partial_mla_config_is_sized_as_sglang_reads_it(capsys, tmp_path):
+    """No qk_rope_head_dim: transformers' DeepseekV2Config gives its default (64), and so does preflight."""
+    model = _config(tmp_path, "no-rope", _without("qk_rope_head_dim"))
+    assert main(["preflight", "--json", "--device-rows", "1024", "--", "--model-path", str(model), "--tp", "8",
+                 "--dcp-size", "8", "--enable-hierarchical-cache"]) == 0
+    assert json.loads(capsys.readouterr().out)["sizing"]["target_kv"]["qk_rope_head_dim"] == 64
 
 
 def test_not_json_config_exits_2(capsys, tmp_path):
@@ -533,11 +558,38 @@ def test_a_sweep_on_the_command_line(capsys):
     (["--sweep", "nonsense=1,2"], "--sweep 'nonsense=1,2' is not NAME=V1,V2,...; expected NAME one of dcp, hicache-size"),
     (["--sweep", "dcp=1,two"], "--sweep dcp value 'two' is not a number"),
     (["--plot", "x.png"], "--plot draws a sweep; expected --sweep NAME=V1,V2,... with it"),
+    (["--sweep", "dcp=,,,"], "--sweep 'dcp=,,,' names no value"),
+    (["--sweep", "dcp=1,2,2.0"], "--sweep dcp gives '2' and '2.0', the same value twice"),
+    (["--sweep", "dcp=1,2", "--sweep", "tp=8"], "--sweep is given 2 times (dcp=1,2, tp=8); a sweep varies one option"),
+    (["--sweep", "dcp=" + ",".join(map(str, range(1, 1001)))], "--sweep dcp has 1,000 values; expected at most 32"),
+    (["--sweep", "dcp=8", "--plot", "x.jpg"], "--plot x.jpg names a .jpg file; expected a name ending in .png, .svg, .pdf"),
 ])
 def test_bad_sweeps_are_one_line(capsys, argv, says):
+    """Refused before sglang is imported (each in well under the time one judgement takes)."""
     assert main(["preflight", *argv]) == 2
-    err = capsys.readouterr().err
-    assert says in err and err.count("\n") == 1 and "fix:" in err
+    captured = capsys.readouterr()
+    assert says in captured.err and captured.err.count("\n") == 1 and "fix:" in captured.err and captured.out == ""
+
+
+def test_every_sweep_row_that_does_not_pass_says_why(capsys):
+    assert main(["preflight", "--sweep", "dcp=1.5,-1,8", "--device-rows", "1024"]) == 2
+    out = capsys.readouterr().out
+    why = out.split("\n  why:\n", 1)[1].splitlines()
+    assert why[0].split()[0] == "1.5" and "invalid int value: '1.5'" in why[0]
+    assert why[1].split()[0] == "-1" and "REJECTED (exit 1): sglang 0.5.17 rejects the launch: ValueError" in why[1]
+    assert "8 " not in [line[:2] for line in why if line.strip()][:2]
+
+
+def test_a_long_sweep_shows_its_progress(capsys):
+    assert main(["preflight", "--sweep", "hicache-ratio=1,2,3,4,5", "--device-rows", "1024"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"preflight: judging value {i} of 5 ({i})" for i in range(1, 6)]
+
+
+@pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_the_chart_is_written_in_the_format_its_name_says(tmp_path, suffix, magic):
+    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024", "--plot", str(tmp_path / f"c{suffix}")]) == 0
+    assert (tmp_path / f"c{suffix}").read_bytes().startswith(magic)
 
 
 def test_a_sweep_worst_verdict_is_its_exit_code(capsys):
@@ -563,3 +615,18 @@ def test_without_matplotlib_the_plot_is_one_line(capsys, monkeypatch, tmp_path):
     err = capsys.readouterr().err
     assert "needs matplotlib, which is not installed" in err and "pip install 'sglang-dcp-dspark[plot]'" in err
     assert err.count("\n") == 1 and not (tmp_path / "c.png").exists()
+
+
+def test_an_internal_error_has_its_own_exit_code_in_one_line(capsys, monkeypatch):
+    """A bug of the tool is exit 4, never a verdict (0 to 3); the traceback only on request."""
+    from sglang_dcp_dspark import preflight
+
+    monkeypatch.setattr(preflight, "run", lambda *args, **kwargs: 1 / 0)
+    monkeypatch.delenv("SGLANG_DCP_DSPARK_TRACEBACK", raising=False)
+    assert main(["preflight"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("error: internal error in sglang-dcp-dspark (ZeroDivisionError: division by zero, at ")
+    assert err.count("\n") == 1 and "SGLANG_DCP_DSPARK_TRACEBACK=1" in err
+    monkeypatch.setenv("SGLANG_DCP_DSPARK_TRACEBACK", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["preflight"])

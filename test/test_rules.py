@@ -77,3 +77,9 @@ def test_per_node_and_the_rank_share_of_free_ram():
     assert rules.rank_share_of_free_ram(reserve + 8 * 1000 + 7, reserve, 8) == 1000
     assert rules.rank_share_of_free_ram(reserve - 1, reserve, 8) == 0
     assert rules.smallest_host_bytes(1000, T, D, 8) == 1000 * (T + 8 * D)
+
+
+@pytest.mark.parametrize("rows,covered", [(16_895, False), (16_896, True), (16_897, True)])
+def test_coverage_at_one_row_short_exactly_full_and_one_over(rows, covered):
+    """The rule's edge: one draft row per logical slot, not a share of them."""
+    assert rules.covers(rows, 16_896) is covered

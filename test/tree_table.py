@@ -86,7 +86,8 @@ def make_include() -> str:
             deps = "$(STAMP)"
             # pip's own output goes to a log beside the tree: a wheel it cannot fetch is one line here.
             log = f"{tree.make_path}.pip.log"
-            recipe = ["rm -rf $(@D)", f"$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang=={tree.sglang} > {log} 2>&1 "
+            # The pip log sits beside the tree, in build/trees, which a fresh clone does not have yet.
+            recipe = ["rm -rf $(@D) && mkdir -p $(dir $(@D))", f"$(BIN)/python -m pip install -q --no-deps --target $(@D) sglang=={tree.sglang} > {log} 2>&1 "
                       f"|| {{ echo \"error: pip cannot fetch sglang=={tree.sglang} for the tree {tree.label} ({log} has pip's output); "
                       f"fix: make the package index reachable, or remove {tree.label} from patches/trees.json\" >&2; exit 1; }}"]
         elif how == "base":

@@ -6,7 +6,10 @@ this module only parses, dispatches and turns errors and signals into exit codes
 Exit codes: 0 done; 1 ``preflight``: sglang rejects the launch; 2 refused or
 failed, with one ``error:`` line on stderr and the sglang tree unchanged (or
 put back whole); 130 / 143 interrupted by SIGINT / SIGTERM, likewise with the
-tree unchanged or put back whole; 141 stdout was closed early (``| head``).
+tree unchanged or put back whole; 141 stdout was closed early (``| head``);
+4 an internal error (a bug of this tool's, one line; ``SGLANG_DCP_DSPARK_TRACEBACK=1``
+shows the traceback). ``preflight`` adds 3: the launch passes validation but
+stops at startup.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ import threading
 
 from . import __version__, commands, preflight
 from .errors import DcpDsparkError, Interrupted
+
+# An unforeseen exception: a bug of this tool. Its own code, apart from every verdict (0 to 3) and refusal (2).
+INTERNAL_ERROR = 4
+TRACEBACK_ENV = "SGLANG_DCP_DSPARK_TRACEBACK"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except Exception as exc:  # a bug of this tool's, never a verdict: its own exit code, and the traceback on request
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        import traceback
+
+        last = traceback.extract_tb(exc.__traceback__)[-1]
+        text = " ".join(str(exc).split())[:300]
+        print(f"error: internal error in sglang-dcp-dspark ({type(exc).__name__}: {text}, at {os.path.basename(last.filename)}:{last.lineno}); "
+              f"this is a bug of the tool, not a verdict on the launch or the tree; fix: rerun with {TRACEBACK_ENV}=1 for the "
+              "traceback and report it", file=sys.stderr)
+        return INTERNAL_ERROR
     finally:
         for signum, old in handlers.items():
             signal.signal(signum, old if old is not None else signal.SIG_DFL)

@@ -27,6 +27,10 @@ DEVICE_ROWS = 1024  # target device pool rows per rank
 HOST_RATIO = 2.0  # --hicache-ratio
 TARGET_LAYERS = 2
 DRAFT_LAYERS = 1
+# A dense DSPARK draft (DSparkDraftModel) per rank: 2 KV heads of head_dim 64,
+# the Kimi-K3 DSPARK draft's 16 KV heads over --tp 8.
+DENSE_DRAFT_HEADS = 2
+DENSE_DRAFT_HEAD_DIM = 64
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
 
@@ -42,6 +46,8 @@ class Geometry:
     draft_layers: int = DRAFT_LAYERS
     kv_lora_rank: int = KV_LORA_RANK
     qk_rope_head_dim: int = QK_ROPE_HEAD_DIM
+    # "mla": an MLA draft (a NextN layer's shape); "mha": a dense DSPARK draft (MHATokenToKVPool)
+    draft_kind: str = "mla"
 
     @property
     def logical_page_size(self) -> int:
@@ -145,7 +151,15 @@ class ControllerStandIn:
 
 def build_draft_device_pool(g: Geometry):
     # The replicated draft is indexed by the target's logical slots.
-    return _device_pool(g, g.device_rows * g.dcp_size, g.logical_page_size, g.draft_layers)
+    rows = g.device_rows * g.dcp_size
+    if g.draft_kind == "mha":
+        import torch
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+        return MHATokenToKVPool(size=rows, page_size=g.logical_page_size, dtype=torch.bfloat16,
+                                head_num=DENSE_DRAFT_HEADS, head_dim=DENSE_DRAFT_HEAD_DIM, layer_num=g.draft_layers,
+                                device="cpu", enable_memory_saver=False)
+    return _device_pool(g, rows, g.logical_page_size, g.draft_layers)
 
 
 def _draft_worker(draft_device_pool) -> SimpleNamespace:

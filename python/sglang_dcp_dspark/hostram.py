@@ -54,7 +54,7 @@ def judge(built, *, ranks_per_node: int, available: int, available_from: str, re
     caveat = "; device rows are an upper-bound estimate, pass --device-rows for a firm verdict" if estimated_rows else ""
     if built.startup_error:
         ram.stops.append(f"startup stops while the host pools are built: {built.startup_error}{caveat}")
-    if coverage is not None and coverage < 1:
+    if coverage is not None and not rules.covers(draft.logical_slots, target.logical_slots):
         ram.stops.append(f"the draft host pool covers {coverage:.3f} of the target's logical slots "
                          "(the capacity guard stops startup; without it L1 eviction writes past the draft buffer)")
     if per_rank and not ram.fits:

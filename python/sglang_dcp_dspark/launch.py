@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -199,15 +200,8 @@ def replace_option(argv: list[str], name: str, value: str) -> list[str]:
     return out if found else [*out, name, value]
 
 
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "num_hidden_layers")
-
-
 def read_config(path: str | None, flag: str) -> dict:
-    """A model's config.json, checked to be a readable JSON object (and a whole MLA config if it is one)."""
+    """A model's config.json, checked to be a readable JSON object; its fields are sglang's to read (:mod:`models`)."""
     if path is None:
         raise DcpDsparkError(f"no {flag} in the launch arguments; expected a local model directory; fix: sglang-dcp-dspark preflight -- {flag} DIR ...")
     config = Path(path) / "config.json"
@@ -220,12 +214,6 @@ def read_config(path: str | None, flag: str) -> dict:
         raise DcpDsparkError(f"{config} is not readable JSON ({reason}); expected a Hugging Face config.json; fix: download it again (huggingface-cli download MODEL config.json --local-dir {path})") from None
     if not isinstance(data, dict):
         raise DcpDsparkError(f"{config} holds a JSON {type(data).__name__}, not an object; expected a Hugging Face config.json; fix: download it again (huggingface-cli download MODEL config.json --local-dir {path})")
-    # A config that names any MLA field is an MLA model to preflight, and its
-    # host pools are sized from all three; a partial one would size nothing.
-    if any(name in data for name in MLA_FIELDS[:2]):
-        bad = [f"{name}={data.get(name, 'missing')!r}" for name in MLA_FIELDS if not _positive_int(data.get(name))]
-        if bad:
-            raise DcpDsparkError(f"{config} is an MLA config with {', '.join(bad)}; expected positive integers for {', '.join(MLA_FIELDS)}; fix: download the model's own config.json again (huggingface-cli download MODEL config.json --local-dir {path})")
     return data
 
 
@@ -266,7 +254,9 @@ def config_load_failure(exc: BaseException, paths: dict[str, str], release: str)
     frames = [(f.filename.replace("\\", "/"), f.name) for f in traceback.extract_tb(exc.__traceback__)]
     loading = any("/transformers/" in name and ("configuration" in name or "dynamic_module" in name or "hub" in name)
                   for name, _ in frames) or any(fn == "get_config" and "/sglang/" in name for name, fn in frames)
-    if not loading or not isinstance(exc, (ValueError, OSError, KeyError, ImportError)):
+    # transformers 5 checks each config field's type through huggingface_hub's strict dataclasses.
+    strict = type(exc).__name__.startswith("StrictDataclass")
+    if not loading or not (strict or isinstance(exc, (ValueError, OSError, KeyError, ImportError))):
         return None
     text = " ".join(str(exc).split())
     path = next((p for p in paths.values() if p and p in text), next(iter(paths.values())))
@@ -282,7 +272,46 @@ def config_load_failure(exc: BaseException, paths: dict[str, str], release: str)
         model_type = text.split("model type", 1)[1].split()[0].strip("`'\"") if "model type" in text else "?"
         why = f"has model_type {model_type}, which the installed transformers does not know"
         fix = "upgrade transformers to a release that knows it, or pass the model's own config.json"
+    elif strict:
+        why = f"has a field of the wrong type ({text[:200]})"
+        fix = f"correct that field in {path}/config.json, or download the model's own config.json again (huggingface-cli download MODEL config.json --local-dir {path})"
     else:
         why = f"cannot be loaded ({type(exc).__name__}: {text[:200]})"
         fix = f"download the model's own config.json again (huggingface-cli download MODEL config.json --local-dir {path})"
     return DcpDsparkError(f"{path}/config.json {why}; sglang {release} loads every model's config through transformers before it resolves a launch; fix: {fix} ({flag} {path})")
+
+
+# The probes sglang asks of the machine it runs on (utils.is_cuda and kin, the
+# platform object from 0.5.19). Imported before the node is emulated, they answer
+# for this CPU machine: a refusal that comes from one is not sglang's verdict on
+# the GPU node.
+_PLATFORM_PROBE = re.compile(r"\b(is_cuda|is_cuda_alike|is_hip|is_musa|is_npu|is_xpu|get_platform|current_platform"
+                             r"|_platform_supports\w*)\b|\bplatform\.is_\w+")
+
+
+def platform_refusal(exc: BaseException, node: Node, release: str) -> DcpDsparkError | None:
+    """The one-line exit-2 error when sglang refused because of this machine's platform, else None.
+
+    Decided by the statement that raised: the innermost sglang frame's source
+    (the whole statement, an ``assert`` over several lines included) names one
+    of sglang's platform probes.
+    """
+    import linecache
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/sglang/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return None
+    last = frames[-1]
+    end = getattr(last, "end_lineno", None) or last.lineno
+    statement = " ".join(linecache.getline(last.filename, n).strip() for n in range(last.lineno, end + 1))
+    probe = _PLATFORM_PROBE.search(statement)
+    if probe is None:
+        return None
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    where = f"{last.filename.replace(chr(92), '/').split('/sglang/', 1)[-1]}:{last.lineno}"
+    return DcpDsparkError(
+        f"sglang {release} refuses this launch for a reason of the machine preflight runs on, not of the emulated "
+        f"{node.gpus} x {node.gpu_name} node: \"{text}\" (sglang/{where} asks {probe.group(0)}, which answers for this CPU "
+        "machine); preflight cannot reach sglang's verdict on CPU; fix: run `sglang-dcp-dspark preflight` on a machine "
+        "of the node's platform, or change the option that check is about"
+    )

@@ -27,37 +27,42 @@ import io
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from . import hostram, rules
 from . import launch as launch_mod
+from . import models as models_mod
+from . import verdict as verdict_mod
 from .errors import DcpDsparkError
 from .launch import FIX_PREFLIGHT, GIB, Node, Resolution
+from .models import kv_fields
 
 __all__ = ["DEFAULT_DEVICE_ROWS", "DEFAULT_DRAFT", "DEFAULT_MODEL", "GIB", "MAX_GPU_MEMORY_GIB", "Node", "emulated_node",
            "judge", "main", "run", "sweep"]
 
 emulated_node = launch_mod.emulated_node
 
-# The embedded default launch (make demo): DeepSeek-V3 with a one-layer MLA
-# DSPARK draft (architecture fields only, see data/README.md) at DCP8 +
-# HiCache on an 8 x H200 node.
+# The embedded default launch (make demo): DeepSeek-V3 with a dense DSPARK
+# draft of the public Kimi-K3 DSPARK draft's geometry (architecture fields
+# only, see data/README.md) at DCP8 + HiCache on an 8 x H200 node.
 DATA = Path(__file__).parent / "data"
 DEFAULT_MODEL = DATA / "deepseek-v3"
-DEFAULT_DRAFT = DATA / "deepseek-v3-dspark-draft"
+DEFAULT_DRAFT = DATA / "kimi-k3-dspark-draft"
 DEFAULT_LAUNCH = ("--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK")
 # The default launch's device rows per rank, as sglang would log them
 # (max_total_num_tokens): DeepSeek-V3's FP8 weights take about 80 GiB of each
 # H200 at --tp 8, which leaves about 40 GiB of sglang's 0.88 x 141 GiB for KV;
-# a row is 79,488 bytes there (61 target layers plus 8 replicated rows of the
-# draft's one layer, 576 bf16 values each), so about 540,000 rows.
-DEFAULT_DEVICE_ROWS = 540_000
+# a row is 90,752 bytes there (61 target layers of 576 bf16 values, plus the
+# dense draft's 8 logical rows of 2,560 bytes: 5 layers x 2 KV heads x K and V
+# x head_dim 64), so about 470,000 rows.
+DEFAULT_DEVICE_ROWS = 470_000
 DEFAULT_DEVICE_ROWS_NOTE = ("the default launch's figure: about 40 GiB of KV per H200 after DeepSeek-V3's "
                             "FP8 weights; pass --device-rows for a measured one")
 
-# Exit codes: the verdict on the launch as it will run.
-PASSES, REJECTED, BAD_INPUT, STOPS = 0, 1, 2, 3
-OUTCOMES = {PASSES: "PASSES", REJECTED: "REJECTED", BAD_INPUT: "BAD INPUT", STOPS: "STOPS AT STARTUP"}
+# Exit codes: the verdict on the launch as it will run (see :mod:`verdict`).
+PASSES, REJECTED, BAD_INPUT, STOPS = verdict_mod.PASSES, verdict_mod.REJECTED, verdict_mod.BAD_INPUT, verdict_mod.STOPS
+OUTCOMES = verdict_mod.OUTCOMES
 
 # What a real node can have. Past these a number is a typo, and preflight would
 # emulate a machine that cannot exist (or overflow the sizes it builds).
@@ -66,6 +71,11 @@ MAX_GPU_MEMORY_GIB = 1024.0  # per GPU; the largest parts today have 288 GB
 MAX_HOST_RAM_GIB = 64 * 1024.0  # per node; the largest single-system servers hold 32 TiB
 MAX_PAGE_SIZE = 1 << 20
 MAX_HICACHE_RATIO = 1000.0  # sglang's default is 2
+# A sweep judges each value in full (about a second each): past this many
+# values it is a batch job, not a preflight. Longer than PROGRESS_FROM values,
+# it says how far it is on stderr.
+MAX_SWEEP_VALUES = 32
+PROGRESS_FROM = 4
 # Launch options a sweep may vary, and how each value is checked.
 SWEEPABLE = {"dcp": "--dcp-size", "hicache-size": "--hicache-size", "hicache-ratio": "--hicache-ratio",
              "page-size": "--page-size", "tp": "--tp"}
@@ -164,7 +174,8 @@ def resolve(release, argv: list[str], node: Node, paths: dict[str, str], *, hook
         except SystemExit:
             raise DcpDsparkError("sglang exited while parsing the launch arguments; expected a valid launch; fix: correct the arguments after `--`") from None
         except Exception as exc:  # sglang validates with asserts, ValueError, NotImplementedError, ...
-            bad = launch_mod.config_load_failure(exc, paths, release.version)
+            bad = launch_mod.config_load_failure(exc, paths, release.version) or launch_mod.platform_refusal(
+                exc, node, release.version)
             if bad is not None:
                 raise bad from None
             text = " ".join(str(exc).split()) or type(exc).__name__
@@ -185,38 +196,29 @@ def plugin_state(environ=None):
 # ---------------------------------------------------------------- the pools
 
 
-def models_of(la, target_config: dict, draft_config: dict | None, release: str):
-    """What the configs say about each model's KV on one rank (the MLA fields preflight sizes from)."""
-    from .releases import Models
-    from .sizing import KV_DTYPES, MLAKV
-
-    dtype = KV_DTYPES.get(la.kv_cache_dtype, "bfloat16")
-    if not target_config.get("kv_lora_rank"):
-        return None
-    pp = max(1, la.pp_size)
-    target = MLAKV(math.ceil(target_config["num_hidden_layers"] / pp), target_config["kv_lora_rank"],
-                   target_config["qk_rope_head_dim"], dtype)
-    draft = None
-    nextn = int((draft_config or {}).get("num_nextn_predict_layers") or 0)
-    if la.speculative_algorithm and draft_config is not None and draft_config.get("kv_lora_rank"):
-        draft = MLAKV(draft_config["num_hidden_layers"], draft_config["kv_lora_rank"], draft_config["qk_rope_head_dim"], dtype)
-    elif (str(la.speculative_algorithm).upper() in ("NEXTN", "EAGLE") and draft_config is None
-          and la.draft_model_path in (None, la.model_path) and target_config.get("num_nextn_predict_layers")):
-        # The target's own NextN (MTP) layers are the draft: its KV is their MLA rows.
-        draft_config, nextn = target_config, int(target_config["num_nextn_predict_layers"])
-        draft = MLAKV(nextn, target_config["kv_lora_rank"], target_config["qk_rope_head_dim"], dtype)
-    index_dim = target_config.get("index_head_dim") if target_config.get("index_topk") else None
-    archs = (draft_config or {}).get("architectures") or [None]
-    return Models(target=target, draft=draft, draft_architecture=archs[0], draft_nextn_layers=nextn,
-                  dsa_index_head_dim=index_dim)
+def read_models(release, la, node: Node, paths: dict[str, str]):
+    """Each model's KV as the release's ModelConfig reads it; a config it cannot load is one exit-2 line."""
+    with launch_mod.quiet_sglang(), launch_mod.emulated_node(node):
+        try:
+            return models_mod.read(release, la)
+        except DcpDsparkError:
+            raise
+        except Exception as exc:  # transformers' and sglang's config loading raise many types
+            bad = launch_mod.config_load_failure(exc, paths, release.version)
+            if bad is not None:
+                raise bad from None
+            text = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise DcpDsparkError(f"sglang {release.version}'s ModelConfig cannot read the launch's models ({type(exc).__name__}: {text}); "
+                                 "expected configs sglang loads; fix: pass the models' own config.json (huggingface-cli download MODEL config.json)") from None
 
 
 def device_bytes_per_row(models, dcp: int) -> int:
-    """GPU bytes per target device row: the target's KV (and DSA index), plus dcp draft rows (the draft is replicated)."""
+    """GPU bytes per target device row: the target's KV (and DSA index), plus dcp draft rows (the draft spans the logical locs)."""
     import torch
 
     def row(kv) -> int:
-        return kv.layers * (kv.kv_lora_rank + kv.qk_rope_head_dim) * getattr(torch, kv.dtype).itemsize
+        width = kv.kv_lora_rank + kv.qk_rope_head_dim if kv.kind == "mla" else kv.head_num * (kv.head_dim + kv.v_head_dim)
+        return kv.layers * width * getattr(torch, kv.dtype).itemsize
 
     index = models.target.layers * (models.dsa_index_head_dim + models.dsa_index_head_dim // 128 * 4) if models.dsa_index_head_dim else 0
     return row(models.target) + index + (dcp * row(models.draft) if models.draft else 0)
@@ -262,10 +264,6 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
 
     if not la.enable_hierarchical_cache:
         return {"skipped": "HiCache is off (no --enable-hierarchical-cache): no host pools to size"}
-    if models is None:
-        if la.dcp_size > 1:
-            raise DcpDsparkError(f"the target config.json has no kv_lora_rank or qk_rope_head_dim, but sglang resolves this HiCache + DCP launch as MLA; expected an MLA config with {', '.join(launch_mod.MLA_FIELDS)}; fix: download the model's own config.json (huggingface-cli download MODEL config.json --local-dir DIR)")
-        return {"skipped": "the target model is not MLA (no kv_lora_rank); HiCache under DCP needs MLA"}
     rows, note, estimated, most = _device_rows(la, models, node, device_rows)
     available, available_from = _available(node)
     ranks = rules.ranks_per_node(la.tp_size, la.pp_size, la.nnodes)
@@ -290,7 +288,8 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
     return {
         "device_rows": rows, "device_rows_note": note, "device_rows_estimated": estimated, "device_rows_max": most,
         "dcp_size": la.dcp_size, "page_size": la.page_size, "logical_page_size": la.logical_page_size,
-        "target_kv": vars(models.target), "draft_kv": vars(models.draft) if models.draft else None,
+        "target_kv": kv_fields(models.target), "draft_kv": kv_fields(models.draft),
+        "draft_architecture": models.draft_architecture,
         "ranks_per_node": ranks,
         "draft_plan": built.draft_plan, "draft_path": built.draft_path,
         "hicache_ratio": built.hicache_ratio, "auto_sized_from": built.auto_sized_from,
@@ -334,13 +333,10 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
         # A model of patches/upstream-next 0005-0006 where the tree does not carry them: each rank keeps
         # one DCP stripe of the draft, one draft row per target row; --hicache-size splits t / (t + d).
         t, d = unbudgeted.target, unbudgeted.draft
-        extras = sum(p.size.bytes for p in unbudgeted.pools if p.role == "extra")
-        if la.hicache_size:
-            split = rules.BudgetSplit(int(la.hicache_size * rules.GB), t.bytes_per_token, d.bytes_per_token, 1, t.page_size,
-                                      hold_back_rounding=False)
-            per_rank = split.target_rows * (t.bytes_per_token + d.bytes_per_token) + extras
-        else:
-            per_rank = t.rows * (t.bytes_per_token + d.bytes_per_token) + extras
+        per_rank = rules.sharded_backup_bytes_per_rank(
+            target_rows=t.rows, target_bytes_per_token=t.bytes_per_token, draft_bytes_per_token=d.bytes_per_token,
+            page_size=t.page_size, extra_bytes=sum(p.size.bytes for p in unbudgeted.pools if p.role == "extra"),
+            hicache_size_gb=la.hicache_size)
         out["sharded"] = {"per_node": per_rank * ranks, "from": "model: one draft stripe per rank (upstream-next 0005-0006)",
                           "startup_error": None}
     return out
@@ -350,13 +346,12 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
 
 
 def _verdict(code: int, detail: str) -> dict:
-    outcome = OUTCOMES.get(code, "ERROR")
-    return {"code": code, "outcome": outcome, "line": f"verdict: {outcome} (exit {code}): {detail}"}
+    return verdict_mod.Verdict(code, detail).as_dict()
 
 
 def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *, variants: bool = False) -> dict:
     """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM."""
-    target_config, draft_config, paths = configs["target"], configs["draft"], configs["paths"]
+    paths = configs["paths"]
     _parse_launch(argv)
     state = plugin_state()
     stock = resolve(release, argv, node, paths, hooked=False)
@@ -381,7 +376,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     la = as_run.launch
     check_resolved(la, node)
     report["resolved"] = la.fields()
-    models = models_of(la, target_config, draft_config, release.version)
+    models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
     report["sizing"] = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
                                   stock_la=stock.launch if stock.passed else la, variants=variants)
     report["plugin"]["hooks"] = release.decisions()
@@ -390,9 +385,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     if stops:
         report["verdict"] = _verdict(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
     else:
-        from .report import passes_detail
-
-        report["verdict"] = _verdict(PASSES, passes_detail(report))
+        report["verdict"] = _verdict(PASSES, verdict_mod.passes_detail(report))
     return report
 
 
@@ -446,22 +439,34 @@ def run(launch: list[str], node: Node, device_rows: int | None = None) -> dict:
 
 
 def parse_sweep(spec: str) -> tuple[str, str, list[str]]:
-    """``dcp=1,2,4,8`` -> (name, the launch flag, the values)."""
+    """``dcp=1,2,4,8`` -> (name, the launch flag, the values); checked before sglang is imported."""
     name, _, values = spec.partition("=")
     name = name.strip()
     if name not in SWEEPABLE or not values.strip():
         raise DcpDsparkError(f"--sweep {spec!r} is not NAME=V1,V2,...; expected NAME one of {', '.join(SWEEPABLE)}; fix: e.g. --sweep dcp=1,2,4,8 or --sweep hicache-size=50,100,200")
     items = [v.strip() for v in values.split(",") if v.strip()]
+    if not items:
+        raise DcpDsparkError(f"--sweep {spec!r} names no value; expected numbers separated by commas; fix: --sweep {name}=1,2,4,8")
+    if len(items) > MAX_SWEEP_VALUES:
+        raise DcpDsparkError(f"--sweep {name} has {len(items):,} values; expected at most {MAX_SWEEP_VALUES} (each is a whole judgement, about a second); fix: sweep fewer values, or split the sweep into runs of {MAX_SWEEP_VALUES}")
+    seen: dict[float, str] = {}
     for v in items:
         try:
-            float(v)
+            number = float(v)
         except ValueError:
             raise DcpDsparkError(f"--sweep {name} value {v!r} is not a number; expected numbers separated by commas; fix: --sweep {name}=1,2,4,8") from None
+        if number in seen:
+            raise DcpDsparkError(f"--sweep {name} gives {seen[number]!r} and {v!r}, the same value twice; expected each value once (a launch judged twice says the same); fix: drop the repeat from --sweep {name}=...")
+        seen[number] = v
     return name, SWEEPABLE[name], items
 
 
-def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str) -> dict:
-    """One judgement per value of one launch option, sglang imported once; the chart's four setups per value."""
+def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, progress=None) -> dict:
+    """One judgement per value of one launch option, sglang imported once; the chart's four setups per value.
+
+    ``progress(done, total, value)`` is called before each judgement of a
+    sweep longer than :data:`PROGRESS_FROM` values.
+    """
     from .report import variants
 
     name, flag, values = parse_sweep(spec)
@@ -470,13 +475,15 @@ def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str) -> 
         device_rows = DEFAULT_DEVICE_ROWS
     release, argv, configs = prepare(launch, node, device_rows)
     rows = []
-    for value in values:
+    for i, value in enumerate(values):
+        if progress is not None and len(values) > PROGRESS_FROM:
+            progress(i, len(values), value)
         varied = launch_mod.replace_option(argv, flag, value)
         try:
             report = judge(release, varied, node, device_rows, configs, variants=True)
         except DcpDsparkError as exc:
             report = {"verdict": _verdict(exc.exit_code, str(exc))}
-        rows.append({"value": value, "report": report, "variants": variants(release, report, node)})
+        rows.append({"value": value, "report": report, "variants": variants(report)})
     return {"sweep": name, "flag": flag, "release": release.version, "launch": argv, "rows": rows}
 
 
@@ -496,6 +503,10 @@ def _number(flag: str, value: str | None, kind: type, *, local: bool = False):
         raise DcpDsparkError(f"{flag} {value!r} is not {what}; fix: {FIX_PREFLIGHT} with {flag} set to {what}") from None
 
 
+def _progress(done: int, total: int, value: str) -> None:
+    print(f"preflight: judging value {done + 1} of {total} ({value})", file=sys.stderr, flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
     from . import report as report_mod
 
@@ -513,8 +524,12 @@ def main(args: argparse.Namespace) -> int:
         rows = _number("--device-rows", args.device_rows, int)
         if args.plot and not args.sweep:
             raise DcpDsparkError("--plot draws a sweep; expected --sweep NAME=V1,V2,... with it; fix: sglang-dcp-dspark preflight --sweep dcp=1,2,4,8 --plot FILE")
+        if args.sweep and len(args.sweep) > 1:
+            raise DcpDsparkError(f"--sweep is given {len(args.sweep)} times ({', '.join(args.sweep)}); a sweep varies one option; expected one --sweep; fix: run one preflight per option")
+        if args.plot:
+            report_mod.chart_format(args.plot)  # a name whose format cannot be written is refused before any judgement
         if args.sweep:
-            result = sweep(launch, node, rows, args.sweep)
+            result = sweep(launch, node, rows, args.sweep[0], progress=_progress)
             if args.plot:
                 result["plot"] = report_mod.plot(result, args.plot)
             print(json.dumps(result, indent=2, default=str) if args.json else report_mod.render_sweep(result))
@@ -534,7 +549,8 @@ def add_parser(sub) -> None:
         "preflight",
         help="will this launch pass sglang's validation and start, and how much pinned host memory will HiCache take (no GPU needed)",
         description="Runs the installed sglang's own argument resolution and host-pool builders on an emulated GPU node; with "
-                    "no launch arguments, DeepSeek-V3 (its config.json, shipped in the package) with a one-layer MLA DSPARK draft, "
+                    "no launch arguments, DeepSeek-V3 (its config.json, shipped in the package) with a dense DSparkDraftModel DSPARK draft "
+                    "(the public Kimi-K3 DSPARK draft's geometry), "
                     + " ".join(DEFAULT_LAUNCH) + f" and {DEFAULT_DEVICE_ROWS:,} device rows per rank. Exit codes: 0 passes and will "
                     "start, 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup (a sweep exits with its worst).",
     )
@@ -547,9 +563,10 @@ def add_parser(sub) -> None:
                         "'local': what this machine has available now")
     p.add_argument("--device-rows", metavar="N", help="target device KV rows per rank (sglang logs max_total_num_tokens; default: an upper-bound "
                         f"estimate, or {DEFAULT_DEVICE_ROWS:,} for the default launch)")
-    p.add_argument("--sweep", metavar="NAME=V1,V2,...",
-                   help=f"judge the launch once per value of one option ({', '.join(SWEEPABLE)}) and print one row per value")
-    p.add_argument("--plot", metavar="FILE", help="with --sweep: write a PNG of pinned host GiB per node (needs matplotlib: "
-                                                  "pip install 'sglang-dcp-dspark[plot]')")
+    p.add_argument("--sweep", metavar="NAME=V1,V2,...", action="append",
+                   help=f"judge the launch once per value of one option ({', '.join(SWEEPABLE)}; at most "
+                        f"{MAX_SWEEP_VALUES} values, each once) and print one row per value")
+    p.add_argument("--plot", metavar="FILE", help="with --sweep: write a chart of pinned host GiB per node, in the format its "
+                                                  "name says (.png, .svg or .pdf; needs matplotlib: pip install 'sglang-dcp-dspark[plot]')")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="-- followed by the sglang launch arguments")
     p.set_defaults(func=main)

@@ -17,25 +17,6 @@ SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
 PNG_DATA_KEY = "sglang-dcp-dspark sweep"
 
 
-def passes_detail(report: dict) -> str:
-    """One line for a launch that will start: what stock does, what the fix does, whether the node fits."""
-    release = report["release"]["sglang"]
-    stock = "stock sglang passes it too" if report["stock"]["passed"] else "stock sglang rejects it"
-    if report["stock"]["passed"] and (report.get("sizing") or {}).get("stock_startup_error"):
-        stock = "stock sglang passes its validation but stops at startup"
-    fix = "with the plugin it passes" if report["plugin"]["enabled"] else "the plugin is off"
-    sizing = report.get("sizing") or {}
-    if "host_ram" not in sizing:
-        return f"{stock}; {fix}; no HiCache host pools to pin: it will start"
-    coverage = sizing.get("draft_coverage")
-    if coverage is not None:
-        fix += f" and the draft host pool covers {'all' if coverage >= 1 else f'{coverage:.3f}'} of the target's logical slots"
-    ram, node = sizing["host_ram"], report["node"]
-    return (f"{stock}; {fix}; its host pools pin {gib(ram['needed_per_node'])} per node, within the "
-            f"{gib(ram['available'])} of the {node['gpus']} x {node['gpu_name']} node ({ram['available_from']}): "
-            f"it will start (judged by sglang {release})")
-
-
 def _judged_by(report: dict) -> str:
     rel = report["release"]
     applied = f" with {', '.join('patches/' + s for s in rel['series_applied'])} applied" if rel["series_applied"] else ""
@@ -138,7 +119,7 @@ def _render_sizing(sizing: dict, report: dict) -> list[str]:
 # ---------------------------------------------------------------- the sweep
 
 
-def variants(release, report: dict, node) -> dict:
+def variants(report: dict) -> dict:
     """Pinned bytes per node of the chart's setups for one judged launch (see :data:`SETUPS`)."""
     sizing = report.get("sizing") or {}
     return sizing.get("variants") or {}
@@ -157,11 +138,16 @@ def render_sweep(result: dict) -> str:
         tokens = f"{target['logical_slots']:,}" if target else "-"
         out.append(f"  {row['value']:<14} {tokens:>22} {gib(draft) if pools else '-':>18} {gib(total) if total is not None else '-':>14}  "
                    f"{verdict['outcome']} (exit {verdict['code']})")
+    # Every row that does not pass says why, in its verdict's own words.
+    why = [(row["value"], row["report"]["verdict"]) for row in result["rows"] if row["report"]["verdict"]["code"]]
+    if why:
+        out += ["", "  why:"]
+        out += [f"  {value:<14} {verdict['line'].removeprefix('verdict: ')}" for value, verdict in why]
     if any(r.get("variants") for r in result["rows"]):
         out += ["", f"  pinned host memory per node by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
         for row in result["rows"]:
             cells = [f"{name} {gib(v['per_node']) if v.get('per_node') is not None else '-'}" for name, v in row["variants"].items()]
-            out.append(f"  {row['value']:<14} " + "; ".join(cells))
+            out.append(f"  {row['value']:<14} " + ("; ".join(cells) or f"- ({row['report']['verdict']['outcome']}, see why)"))
     if result.get("plot"):
         out += ["", f"  chart: {result['plot']}"]
     return "\n".join(line.rstrip() for line in out)
@@ -180,10 +166,34 @@ def chart_data(result: dict) -> dict:
                                  if (r.get("variants") or {}).get(name)), None) for name in SETUPS}}
 
 
-def plot(result: dict, path: str) -> str:
-    """A PNG of pinned host GiB per node against the swept value, one line per setup; returns its path."""
+# The formats --plot writes, by the file name's suffix (matplotlib's own writers).
+CHART_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def chart_format(path: str) -> str:
+    """The format a chart named ``path`` is written in; a name that says another format is refused."""
+    from pathlib import Path
+
     from .errors import DcpDsparkError
 
+    suffix = Path(path).suffix.lower()
+    if suffix not in CHART_FORMATS:
+        raise DcpDsparkError(f"--plot {path} names a {suffix or 'suffix-less'} file; expected a name ending in {', '.join(CHART_FORMATS)} "
+                             f"(the format is the name's); fix: --plot {Path(path).with_suffix('.png').name}")
+    return CHART_FORMATS[suffix]
+
+
+def plot(result: dict, path: str) -> str:
+    """A chart of pinned host GiB per node against the swept value, one line per setup; returns its path.
+
+    The y axis starts at zero, so a rise reads at its true size. Setups often
+    coincide (no --hicache-size: the budget changes nothing); a line equal to
+    one drawn before it is drawn thinner on top, with a marker of its own, and
+    its legend entry names the line it equals, so that no line hides another.
+    """
+    from .errors import DcpDsparkError
+
+    fmt = chart_format(path)
     try:
         import matplotlib
 
@@ -194,23 +204,32 @@ def plot(result: dict, path: str) -> str:
     data = chart_data(result)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     x = [float(v) for v in data["values"]]
-    # Setups often coincide (no --hicache-size: the budget changes nothing), so each has its own line style.
     styles = {"stock": ("o", "-"), "0.5.18+": ("s", "--"), "budgeted": ("^", "-."), "sharded": ("D", ":")}
+    drawn: list[tuple[str, list]] = []
     for name, ys in data["pinned_gib_per_node"].items():
         if all(y is None for y in ys):
             continue
         label = name + ("" if (data["from"].get(name) or "").startswith("sglang") else " (model)")
+        same = next((other for other, seen in drawn if seen == ys), None)
+        if same is not None:
+            label += f" (= {same})"
         marker, line = styles.get(name, ("o", "-"))
-        ax.plot(x, [float("nan") if y is None else y for y in ys], marker=marker, linestyle=line, label=label, alpha=0.85)
+        width, size = (1.2, 5) if same is not None else (2.4, 8)
+        ax.plot(x, [float("nan") if y is None else y for y in ys], marker=marker, linestyle=line, label=label,
+                linewidth=width, markersize=size, zorder=3 + len(drawn))
+        drawn.append((name, ys))
+    ax.set_ylim(bottom=0)
     ax.set_xlabel(result["flag"])
     ax.set_ylabel("pinned host GiB per node")
     ax.set_xticks(x)
     ax.set_title(f"HiCache host pools per node, sglang {data['release']}")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
+    # The figures ride in the PNG's text chunk (the docs' freshness test reads them); other formats carry none.
+    metadata = {"Software": None, PNG_DATA_KEY: json.dumps(data, sort_keys=True)} if fmt == "png" else None
     try:
-        fig.savefig(path, format="png", metadata={"Software": None, PNG_DATA_KEY: json.dumps(data, sort_keys=True)})
+        fig.savefig(path, format=fmt, metadata=metadata)
     except OSError as exc:
         raise DcpDsparkError(f"cannot write the chart to {path}: {exc.strerror}; expected a writable file path; fix: pass --plot a path in a writable directory") from None
     finally:

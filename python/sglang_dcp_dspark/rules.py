@@ -168,3 +168,22 @@ def sidecar_target_hicache_size(hicache_size: float, target_bytes: float, draft_
     give the same float and so the same rows.
     """
     return hicache_size * target_bytes / (target_bytes + dcp_size * draft_bytes)
+
+
+# ------------------------------------------------------------ the sharded draft backup (upstream-next 0005-0006)
+
+
+def sharded_backup_bytes_per_rank(*, target_rows: int, target_bytes_per_token: int, draft_bytes_per_token: int,
+                                  page_size: int, extra_bytes: int = 0, hicache_size_gb: float = 0) -> int:
+    """Host bytes one rank pins when it keeps only its DCP stripe of the replicated draft.
+
+    One draft row per target row (this rank's stripe), so target and draft
+    share a row count; with ``--hicache-size`` the budget splits t / (t + d)
+    rather than t / (t + N d). ``extra_bytes``: the pools beside them (a DSA
+    indexer), which the split does not touch.
+    """
+    t, d = int(target_bytes_per_token), int(draft_bytes_per_token)
+    if hicache_size_gb:
+        split = BudgetSplit(int(hicache_size_gb * GB), t, d, 1, int(page_size), hold_back_rounding=False)
+        return split.target_rows * (t + d) + int(extra_bytes)
+    return int(target_rows) * (t + d) + int(extra_bytes)

@@ -22,7 +22,8 @@ from . import rules
 # The budget split lives in :mod:`rules`; imported here for the callers that size pools with it.
 from .rules import BudgetSplit as BudgetSplit
 
-# torch dtypes by --kv-cache-dtype; "auto" follows the model (bf16 for the MLA models this is for).
+# torch dtypes by --kv-cache-dtype; "auto" follows the model (models.py reads its dtype through ModelConfig;
+# bf16 here for callers without one).
 KV_DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
              "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
@@ -35,6 +36,24 @@ class MLAKV:
     kv_lora_rank: int
     qk_rope_head_dim: int
     dtype: str = "bfloat16"
+    kind = "mla"
+
+
+@dataclass(frozen=True)
+class MHAKV:
+    """The per-token dense (MHA/GQA) KV of one model on one rank: K and V per KV head per layer.
+
+    ``head_num`` is this rank's share, as sglang splits the KV heads over the
+    attention TP group (``ModelConfig.get_num_kv_heads(attn_tp_size)``); DCP
+    does not split them further, it replicates a dense draft on every DCP rank.
+    """
+
+    layers: int
+    head_num: int
+    head_dim: int
+    v_head_dim: int
+    dtype: str = "bfloat16"
+    kind = "mha"
 
 
 def logical_slots(host_pool) -> int:

@@ -28,7 +28,8 @@ docs/draft-layouts.md): SIDECAR (its own host pool, as above) or PACKED (the
 draft pool handed to the tree as ``CacheInitParams.mtp_draft_device_pools``, as
 ``kv_cache_builder.build_kv_cache`` does for NEXTN/MTP, so that its layers are
 tail layers of the target's ``MLATokenToKVPoolHost`` and no sidecar is
-registered); written REPLICATED (every loc at row = loc, written directly) or
+registered); written REPLICATED (every loc at row = loc: an MLA draft directly, a dense
+draft through ``MHATokenToKVPool.set_kv_buffer`` as DSPARK's ``write_target_hidden_kv`` does) or
 STRIPED (through the draft pool's own ``MLATokenToKVPool.set_mla_kv_buffer``,
 whose DCP owner rule keeps loc L at row L // N on rank L % N). With
 ``Case.forward_read`` every load-back is also checked through the draft
@@ -60,6 +61,25 @@ from .matrix import DRAFT_KINDS, LAYOUT_IO_PAIRS  # noqa: F401 - re-exported for
 from .substitutions import ReferenceOps, RowOutOfBounds, substituted, triton_interpreted
 
 TARGET, DRAFT = "target", "draft"
+
+
+def dspark_context_write(pool, layer: int, locs: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``MHATokenToKVPool.set_kv_buffer`` as ``write_target_hidden_kv`` calls it for one draft layer.
+
+    The locs go in as the draft pool's own ids: a plain tensor where the
+    release's ``write_target_hidden_kv`` passes one (0.5.17), a
+    ``KVWriteLoc(loc, physical=True)`` where its write-location record has that
+    field (0.5.23). No scales: the draft's KV is bf16.
+    """
+    import inspect
+
+    from sglang.srt.mem_cache import memory_pool
+
+    attention = SimpleNamespace(layer_id=layer, is_cross_attention=False, k_scale=None, v_scale=None)
+    record = getattr(memory_pool, "KVWriteLoc", None)
+    physical = record is not None and "physical" in inspect.signature(record).parameters
+    where = record(locs, physical=True) if physical else locs
+    pool.set_kv_buffer(attention, where, k, v, None, None)
 
 
 @dataclass(frozen=True)
@@ -554,10 +574,17 @@ class HiCacheRun:
             if len(locs):  # sglang's naive MLA scatter cannot reshape an empty batch
                 self._write_draft_striped(locs, draft)
             return
-        flat = draft if self.case.draft == "mla" else draft.flatten(1, 2)  # [n, k/v * layer, ...]
         all_locs = locs.cpu().to(torch.int64)
+        if self.case.draft == "mha":
+            # A dense DSPARK draft (DSparkDraftModel): its context KV goes in through the door
+            # models/dspark.py::write_target_hidden_kv takes, the pool's own set_kv_buffer at the locs.
+            device = self.draft_device.k_buffer[0].device
+            for layer in range(self.case.draft_layers):
+                dspark_context_write(self.draft_device, layer, all_locs.to(device), draft[:, 0, layer].to(device),
+                                     draft[:, 1, layer].to(device))
+            return
         for layer, buf in enumerate(self._draft_layers()):
-            buf[all_locs.to(buf.device)] = flat[:, layer].to(buf.device)
+            buf[all_locs.to(buf.device)] = draft[:, layer].to(buf.device)
 
     def _write_draft_striped(self, locs: torch.Tensor, draft: torch.Tensor) -> None:
         """The MLA draft forward's write, one draft layer at a time: layouts.py's, sglang's set_mla_kv_buffer.

@@ -23,9 +23,12 @@ CPU with small pools:
    ``L2TransferEngine``), logging the device rows each draft copy read or
    wrote, and the read path run again at the new locs: the verdict.
 
-Two counterfactual launches rebuild the MLA draft pool with
+A counterfactual launch rebuilds the NextN draft pool with
 ``dcp_replicated=True`` (which 0.5.23 sets only for a DSA draft), to show
 what a fix that replicates the draft instead of translating its indices meets.
+DSPARK is measured with the dense draft sglang ships (``DSparkDraftModel``,
+the geometry of ``data/kimi-k3-dspark-draft``); its write door is
+``set_kv_buffer``, the one ``write_target_hidden_kv`` takes.
 
 Why the write and read paths are called rather than assumed: under DCP a
 draft pool is sized over the widened logical loc space (``loc_space_scale``),
@@ -115,9 +118,8 @@ class DraftLaunch:
 
 def launches() -> tuple[DraftLaunch, ...]:
     """The layouts of the brief; MHA drafts twice, since the attention backend picks their write door."""
-    target, dspark = _config("deepseek-v3"), _config("deepseek-v3-dspark-draft")
+    target, dspark = _config("deepseek-v3"), _config("kimi-k3-dspark-draft")
     nextn = int(target.get("num_nextn_predict_layers") or 0)
-    ds_nextn = int(dspark.get("num_nextn_predict_layers") or 0)
     stand_in = "stand-in config (no external draft is shipped)"
     return (
         DraftLaunch("NEXTN (MLA NextN layer)", "NEXTN", "mla", target["architectures"][0], nextn, "mla",
@@ -131,13 +133,11 @@ def launches() -> tuple[DraftLaunch, ...]:
                     stand_in),
         DraftLaunch("EAGLE, external MHA draft, fa3/flashinfer", "EAGLE", "mha", "LlamaForCausalLMEagle", 0,
                     "mha-plain", stand_in),
-        DraftLaunch("DSPARK (MLA draft)", "DSPARK", "mla", dspark["architectures"][0], ds_nextn, "mla",
-                    "data/deepseek-v3-dspark-draft/config.json"),
+        # Every DSPARK draft sglang ships is dense (DSparkDraftModel and its kin, built on DFlash).
+        DraftLaunch("DSPARK, dense DSparkDraftModel, fa3/flashinfer", "DSPARK", "mha", dspark["architectures"][0], 0,
+                    "mha-plain", "data/kimi-k3-dspark-draft/config.json"),
         DraftLaunch("counterfactual: NEXTN, draft pool dcp_replicated=True", "NEXTN", "mla", target["architectures"][0],
                     nextn, "mla", "data/deepseek-v3/config.json", replicated=True, dcp_sizes=COUNTERFACTUAL_DCP),
-        DraftLaunch("counterfactual: DSPARK, draft pool dcp_replicated=True", "DSPARK", "mla",
-                    dspark["architectures"][0], ds_nextn, "mla", "data/deepseek-v3-dspark-draft/config.json",
-                    replicated=True, dcp_sizes=COUNTERFACTUAL_DCP),
     )
 
 

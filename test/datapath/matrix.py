@@ -295,7 +295,7 @@ def pairs_markdown() -> list[str]:
     rows += [
         "",
         "'striped': written through the draft pool's own `MLATokenToKVPool.set_mla_kv_buffer` (rank r keeps loc L with "
-        "L % N == r at row L // N); 'replicated': written directly at every loc (row = loc). 'packed': the draft pool "
+        "L % N == r at row L // N); 'replicated': every loc at row = loc, an MLA draft written directly, a dense (MHA) draft through `MHATokenToKVPool.set_kv_buffer`, the door DSPARK's `write_target_hidden_kv` takes. 'packed': the draft pool "
         "is handed to the tree as `mtp_draft_device_pools`, so its layers are tail layers of the target's "
         "`MLATokenToKVPoolHost`, and no sidecar is registered. Forward read: after every load-back, the rows the "
         "draft attention's own read path returns for the request's locs (MLA: `KVIndexTranslator.pack_read_stream`, "

@@ -27,11 +27,11 @@ pytestmark = pytest.mark.skipif(
     TREE != TREE_LABEL,
     reason=f"the draft-layouts table is measured on stock sglang 0.5.23 (DCP_DSPARK_TREE={TREE_LABEL}), not {TREE}",
 )
-MLA_DRAFTS = ("NEXTN (MLA NextN layer)", "EAGLE, external MLA draft", "DSPARK (MLA draft)")
+MLA_DRAFTS = ("NEXTN (MLA NextN layer)", "EAGLE, external MLA draft")
 TRITON_MHA = ("EAGLE3, Llama MHA draft, triton", "EAGLE, external MHA draft, triton")
-PLAIN_MHA = ("EAGLE3, Llama MHA draft, fa3/flashinfer", "EAGLE, external MHA draft, fa3/flashinfer")
-COUNTERFACTUAL = ("counterfactual: NEXTN, draft pool dcp_replicated=True",
-                  "counterfactual: DSPARK, draft pool dcp_replicated=True")
+DSPARK_DENSE = "DSPARK, dense DSparkDraftModel, fa3/flashinfer"
+PLAIN_MHA = ("EAGLE3, Llama MHA draft, fa3/flashinfer", "EAGLE, external MHA draft, fa3/flashinfer", DSPARK_DENSE)
+COUNTERFACTUAL = ("counterfactual: NEXTN, draft pool dcp_replicated=True",)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_host_pools_and_their_indices(measured):
         assert {r["backup_indices"] for r in row["ranks"]} == {want}, (row["launch"], dcp)
     # The sidecar holds as many rows as the packed target pool holds logical slots.
     packed = {r["dcp"]: r["host_logical"] for r in rows(measured, MLA_DRAFTS[0])}
-    for row in rows(measured, "DSPARK (MLA draft)"):
+    for row in rows(measured, DSPARK_DENSE):
         assert row["host_rows"] == packed[row["dcp"]]
 
 
@@ -141,7 +141,7 @@ def test_verdicts(measured):
     for row in rows(measured, COUNTERFACTUAL[0]):
         for rank in row["ranks"]:
             assert rank["backed_up"] * row["dcp"] == rank["locs"] and not rank["restored_ok"]
-    # A replicated sidecar is restored, but the MLA read path divides by N anyway.
-    for row in rows(measured, COUNTERFACTUAL[1]):
+    # The dense DSPARK draft is written at row = loc on every rank and its sidecar restores those rows.
+    for row in rows(measured, DSPARK_DENSE):
         for rank in row["ranks"]:
-            assert rank["restored_ok"] and not rank["read_ok"] and not rank["round_trip_ok"]
+            assert rank["read_ok"] and rank["restored_ok"] and rank["round_trip_ok"], (row["dcp"], rank)

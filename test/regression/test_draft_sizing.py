@@ -32,17 +32,21 @@ def pools():
     return get
 
 
-@pytest.mark.parametrize("dcp,layout", list(cases()))
-def test_every_target_slot_indexes_inside_the_draft_buffer(pools, dcp, layout):
-    pair = pools(dcp, layout)
+def assert_every_slot_inside(pair: hostpool.PoolPair, what: str = "draft") -> None:
+    """No logical slot of the target falls past the draft host pool, counted and by indexing its real buffer."""
     assert pair.out_of_bounds_slots() == 0, (
         f"{pair.out_of_bounds_slots()} of {pair.target_host_pool.logical_size} logical slots "
-        f"fall past the {pair.draft_host_pool.size}-row draft host pool"
+        f"fall past the {pair.draft_host_pool.size}-row {what} host pool"
     )
     try:
         hostpool.touch_draft_rows(pair)
     except IndexError as exc:
-        raise AssertionError(f"draft host buffer indexed out of bounds: {exc}") from None
+        raise AssertionError(f"{what} host buffer indexed out of bounds: {exc}") from None
+
+
+@pytest.mark.parametrize("dcp,layout", list(cases()))
+def test_every_target_slot_indexes_inside_the_draft_buffer(pools, dcp, layout):
+    assert_every_slot_inside(pools(dcp, layout))
 
 
 @pytest.mark.parametrize("dcp,layout", list(cases()))
@@ -50,6 +54,15 @@ def test_draft_pool_is_logical_size_plus_at_most_one_page(pools, dcp, layout):
     pair = pools(dcp, layout)
     target, draft = pair.target_host_pool, pair.draft_host_pool
     assert target.logical_size <= draft.size <= target.logical_size + draft.page_size
+
+
+@pytest.mark.parametrize("dcp,layout", [pytest.param(d, lay, id=f"dcp{d}-{lay}", marks=regression_at(d))
+                                        for d in DCP_SIZES for lay in ("layer_first", "page_first")])
+def test_a_dense_dspark_draft_host_pool_covers_every_logical_slot(dcp, layout):
+    """DSPARK's drafts are dense (DSparkDraftModel): sglang gives the draft an MHATokenToKVPoolHost of its own."""
+    pair = hostpool.build_pools(hostpool.Geometry(dcp, layout, draft_kind="mha"))
+    assert type(pair.draft_host_pool).__name__.startswith("MHATokenToKVPoolHost")
+    assert_every_slot_inside(pair, "dense draft")
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)

@@ -21,6 +21,7 @@ RELEASE = TREES[TREE].sglang
 DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = str(DATA / "tiny-mla")
 DSA = str(DATA / "deepseek-v32")
+DENSE_DRAFT = preflight.DEFAULT_DRAFT
 
 
 def _launch(argv: list[str]):
@@ -28,7 +29,7 @@ def _launch(argv: list[str]):
     resolution = preflight.resolve(release, argv, launch_mod.Node(), configs["paths"], hooked=True)
     assert resolution.passed, resolution.message
     la = resolution.launch
-    return release, la, preflight.models_of(la, configs["target"], configs["draft"], release.version)
+    return release, la, preflight.read_models(release, la, launch_mod.Node(), configs["paths"])
 
 
 def _figures(built) -> list[tuple]:
@@ -43,6 +44,10 @@ CASES = {
         "--model-path", TINY, "--tp", "4", "--dcp-size", "4", "--enable-hierarchical-cache", "--hicache-ratio", "3",
         "--page-size", "16", "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", TINY],
     "DSA target (indexer pool), no draft": ["--model-path", DSA, "--tp", "2", "--enable-hierarchical-cache"],
+    # The dense draft sglang ships for DSPARK (DSparkDraftModel): its own MHATokenToKVPool and host class.
+    "MLA target + dense DSPARK draft, dcp 4": ["--model-path", TINY, "--tp", "4", "--dcp-size", "4",
+                                              "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
+                                              "--speculative-draft-model-path", str(DENSE_DRAFT)],
 }
 
 

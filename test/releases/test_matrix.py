@@ -87,6 +87,32 @@ def test_the_embedded_default_passes_with_a_draft_covering_every_logical_slot():
     assert sizing["draft_plan"] == ("registration" if not since("0.5.18") else "SIDECAR")
 
 
+# A dense DSPARK draft of the public Kimi-K3 DSPARK draft's geometry (the embedded default's), at tp 8 / dcp 8.
+KIMI_K3_DRAFT = ["--device-rows", "540000", "--", *DCP8, "--hicache-ratio", "2", *DSPARK]
+
+
+def test_the_dense_dspark_draft_gets_a_host_pool_over_every_logical_slot():
+    """DSparkDraftModel (16 KV heads, head_dim 64, 5 layers): its own host pool, at sglang's bytes per token."""
+    code, report, err = preflight(*KIMI_K3_DRAFT)
+    assert code == 0, report["verdict"]["line"]
+    sizing = report["sizing"]
+    assert sizing["draft_kv"] == {"kind": "mha", "layers": 5, "head_num": 2, "head_dim": 64, "v_head_dim": 64,
+                                  "dtype": "bfloat16"}
+    target = next(p for p in sizing["pools"] if p["role"] == "target")
+    draft = next(p for p in sizing["pools"] if p["role"] == "draft")
+    # 5 layers x 2 KV heads per rank x (K + V) x 64 x 2 bytes, as MHATokenToKVPoolHost counts it.
+    assert draft["bytes_per_token"] == 2_560 and draft["rows"] >= target["logical_slots"] == 8 * target["rows"]
+    assert sizing["draft_coverage"] >= 1.0
+
+
+def test_a_node_with_ram_for_the_target_pool_alone_stops_the_dense_draft_launch():
+    """600 GiB holds the target's 565 GiB per node, not the dense draft's 165 GiB beside it: exit 3."""
+    code, report, err = preflight("--host-ram-gib", "600", *KIMI_K3_DRAFT)
+    assert code == 3 == report["verdict"]["code"], report["verdict"]["line"]
+    target = next(p for p in report["sizing"]["pools"] if p["role"] == "target")
+    assert target["per_node_bytes"] < (600 - 10) * 2**30
+
+
 def test_the_decode_server_ratio_is_resolved_by_the_release():
     _, launch, _ = MATRIX["decode disaggregation"]
     code, report, _ = preflight(*ROWS, "--", *launch)
@@ -98,12 +124,12 @@ def test_the_decode_server_ratio_is_resolved_by_the_release():
 
 
 # --hicache-ratio 2 stated: from 0.5.21 auto-sizing would otherwise bring the ratio down until the pools fit.
-DSA_LAUNCH = ["--device-rows", "1650000", "--", "--model-path", str(DATA / "deepseek-v32"), "--tp", "8", "--dcp-size", "8",
+DSA_LAUNCH = ["--device-rows", "1400000", "--", "--model-path", str(DATA / "deepseek-v32"), "--tp", "8", "--dcp-size", "8",
               "--enable-hierarchical-cache", "--hicache-ratio", "2", *DSPARK]
 
 
 def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
-    """DeepSeek-V3.2 at 1.65M device rows with DSPARK at tp 8 / dcp 8: about 2,152 GiB per node with the indexer."""
+    """DeepSeek-V3.2 at 1.4M device rows with the dense DSPARK draft at tp 8 / dcp 8: about 2,060 GiB per node with the indexer."""
     code, report, err = preflight(*DSA_LAUNCH)
     assert "Traceback" not in err
     if since("0.5.22"):
@@ -121,8 +147,8 @@ def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
         assert "Not enough host memory available" in ram["startup_error"], report["verdict"]["line"]
     else:
         # Each pool is checked against the whole node's free RAM there; the node does not hold them all.
-        assert ram["needed_per_node"] > 2_100 * 2**30 and not ram["fits"]
-        assert "host pools need 2,15" in report["verdict"]["line"] and "more than the 2,038.00 GiB left" in report["verdict"]["line"]
+        assert ram["needed_per_node"] > 2_038 * 2**30 and not ram["fits"]
+        assert "host pools need 2,06" in report["verdict"]["line"] and "more than the 2,038.00 GiB left" in report["verdict"]["line"]
 
 
 @pytest.mark.skipif(not since("0.5.21") or since("0.5.22"), reason="0.5.21 is the one release that auto-sizes a DSA launch under DCP")

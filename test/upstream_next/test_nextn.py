@@ -13,14 +13,17 @@ import contextlib
 import io
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
+from sglang_dcp_dspark.preflight import DEFAULT_MODEL
 from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
 from trees import TREE
 
+# An external MLA draft: a one-layer DeepSeek-V3-shaped stand-in (test/data).
+MLA_DRAFT = str(Path(__file__).resolve().parents[1] / "data" / "deepseek-v3-mla-draft")
 DCP8 = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
 
 
@@ -55,7 +58,7 @@ def test_preflight_admits_the_nextn_draft_and_names_its_plan():
 
 
 @pytest.mark.regression
-@pytest.mark.parametrize("algorithm,draft", [("EAGLE", str(DEFAULT_DRAFT)), ("EAGLE3", str(DEFAULT_DRAFT))])
+@pytest.mark.parametrize("algorithm,draft", [("EAGLE", MLA_DRAFT), ("EAGLE3", MLA_DRAFT)])
 def test_an_external_eagle_draft_is_refused_in_one_line_naming_why(algorithm, draft):
     code, report = preflight(*DCP8, "--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft)
     assert code == 1

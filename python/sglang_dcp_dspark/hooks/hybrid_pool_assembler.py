@@ -27,6 +27,7 @@ import contextvars
 import logging
 from collections.abc import Callable
 
+from .. import rules
 from ._common import Finding, Verdict, first_call, probing, unhooked
 
 MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
@@ -237,7 +238,7 @@ def size_target_from_share(original: Callable, *args, **kwargs):
 def check_sidecar(group, draft_host_pool) -> None:
     """Stop startup unless the draft sidecar has a row for every logical slot of the target host pool."""
     target = group.anchor_entry.host_pool
-    if draft_host_pool.size >= group.logical_size:
+    if rules.covers(draft_host_pool.size, group.logical_size):
         return
     raise DraftSidecarTooSmall(
         f"HiCache draft host pool has {draft_host_pool.size} rows but the target host pool addresses "

@@ -38,8 +38,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from ..errors import DcpDsparkError
+from ..models import Models
 from ..sidecar import optional_module
-from ..sizing import MLAKV, HostPoolSize
+from ..sizing import MHAKV, MLAKV, HostPoolSize
 
 if TYPE_CHECKING:
     from ..launch import Launch
@@ -64,17 +65,6 @@ def on_meta() -> bool:
 
 
 FAMILIES = ("sglang_0_5_21", "sglang_0_5_19", "sglang_0_5_18", "sglang_0_5_17")
-
-
-@dataclass(frozen=True)
-class Models:
-    """What the configs say about the KV each model keeps (the rest is sglang's to read)."""
-
-    target: MLAKV
-    draft: MLAKV | None = None
-    draft_architecture: str | None = None
-    draft_nextn_layers: int = 0  # num_nextn_predict_layers of the draft's config (MTP)
-    dsa_index_head_dim: int | None = None  # a DSA target (index_topk set): its indexer's head dim
 
 
 @dataclass(frozen=True)
@@ -197,11 +187,34 @@ class Release:
 
     # ---------------------------------------------------------------- shared helpers
 
-    @staticmethod
-    def dtype(launch: Launch) -> str:
-        from ..sizing import KV_DTYPES
+    def model_layers(self, model_config, *, draft: bool) -> int:
+        """KV layers a worker of this model builds: sglang's own count (``layer_setup``), given no loaded model.
 
-        return KV_DTYPES.get(launch.kv_cache_dtype, "bfloat16")
+        A draft with NextN layers counts those (``num_nextn_predict_layers``),
+        any other model the larger of its hidden and attention layers.
+        """
+        layer_setup = optional_module("sglang.srt.model_executor.model_runner_components.layer_setup")
+        count = getattr(layer_setup, "_compute_model_num_layers", None)
+        if count is not None:
+            return int(count(model=SimpleNamespace(), model_config=model_config, is_draft_worker=draft))
+        nextn = model_config.num_nextn_predict_layers or 0
+        return int(nextn if draft and nextn > 0 else max(model_config.num_hidden_layers, model_config.num_attention_layers))
+
+    def attention_tp_size(self, launch: Launch) -> int:
+        """The attention TP width the KV heads are split over (DCP does not narrow it), as sglang derives it."""
+        import inspect
+
+        from sglang.srt.layers import dp_attention
+
+        v, args = self.value, launch.record
+        tp = launch.tp_size
+        dp = int(v(args, "dp_size", 1) or 1) if v(args, "enable_dp_attention", False) else 1
+        cp = int(v(args, "attn_cp_size", 1) or 1)
+        compute = dp_attention.compute_dp_attention_world_info
+        # Up to 0.5.22 it takes enable_dp_attention and dp_size; 0.5.23 takes the attention DP width itself.
+        if "enable_dp_attention" in inspect.signature(compute).parameters:
+            return int(compute(dp > 1, 0, tp, dp, cp)[1])
+        return int(compute(0, tp, dp, cp)[1])
 
     # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver, 0.5.23's gate.
     RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.hicache_hook")
@@ -232,10 +245,23 @@ def _int_or(value, default: int) -> int:
     return default if value is None else int(value)
 
 
-def _device_pool(kv: MLAKV, rows: int, page_size: int, *, dsa_index_head_dim: int | None = None):
-    """sglang's MLA (or DSA) device pool on the meta device."""
+def _device_pool(kv: MLAKV | MHAKV, rows: int, page_size: int, *, dsa_index_head_dim: int | None = None):
+    """sglang's MLA (or DSA) or dense MHA device pool on the meta device."""
     import torch
     from sglang.srt.mem_cache import memory_pool
+
+    if isinstance(kv, MHAKV):
+        from ..sizing import _on_meta_mode
+
+        # Its constructor asks torch for the device's stream module, which "meta"
+        # has none of: built for "cpu" with every tensor sent to meta instead
+        # (real CPU tensors for the reduced-scale cross-checks).
+        with _on_meta_mode() if on_meta() else contextlib.nullcontext():
+            return memory_pool.MHATokenToKVPool(
+                size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), head_num=kv.head_num,
+                head_dim=kv.head_dim, v_head_dim=kv.v_head_dim, layer_num=kv.layers, device="cpu",
+                enable_memory_saver=False,
+            )
 
     common = dict(size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), kv_lora_rank=kv.kv_lora_rank,
                   qk_rope_head_dim=kv.qk_rope_head_dim, layer_num=kv.layers, device="meta" if on_meta() else "cpu",
@@ -247,7 +273,11 @@ def _device_pool(kv: MLAKV, rows: int, page_size: int, *, dsa_index_head_dim: in
 
 
 def device_pools(launch: Launch, models: Models, device_rows: int) -> SimpleNamespace:
-    """The target's device pool on this rank, and the replicated draft's over the logical locs (loc_space_scale)."""
+    """The target's device pool on this rank, and the draft's over the logical locs (loc_space_scale).
+
+    The draft, MLA or dense, spans the widened logical loc space on every DCP
+    rank (``KVCacheConfigurator.loc_space_scale``).
+    """
     target = _device_pool(models.target, device_rows, launch.page_size, dsa_index_head_dim=models.dsa_index_head_dim)
     draft = None
     if models.draft is not None:
