@@ -16,7 +16,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from unittest import mock
+
+from . import swap
 
 # MLA KV geometry of DeepSeek-V2/V3 (kv_lora_rank 512 + rope 64), small enough
 # in rows that every dcp up to 16 builds in well under a second on CPU.
@@ -229,7 +230,7 @@ def unpinned_host_memory() -> Iterator[None]:
     """
     from sglang.srt.mem_cache.pool_host import common
 
-    with mock.patch.object(common, "_cuda_host_register", lambda buffer: None):
+    with swap.attribute(common, "_cuda_host_register", lambda buffer: None):
         yield
 
 

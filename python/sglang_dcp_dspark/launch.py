@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
+from . import swap
 from .errors import DcpDsparkError
 
 GIB = 1024**3
@@ -111,9 +111,11 @@ def default_node_answers(node: Node) -> dict:
 @contextlib.contextmanager
 def emulated_node(node: Node) -> Iterator[None]:
     """Answer the runtime CUDA probes as ``node`` would; only while resolving."""
+    import torch
+
     with contextlib.ExitStack() as stack:
         for name, value in default_node_answers(node).items():
-            stack.enter_context(mock.patch(f"torch.cuda.{name}", return_value=value))
+            stack.enter_context(swap.attribute(torch.cuda, name, swap.returning(value)))
         yield
 
 
@@ -136,7 +138,7 @@ def quiet_sglang() -> Iterator[_Collect]:
     root.setLevel(logging.WARNING)
     try:
         # prepare_server_args forces its own root handler; this call is not a server.
-        with mock.patch.object(logging, "basicConfig", lambda **kwargs: None):
+        with swap.attribute(logging, "basicConfig", lambda **kwargs: None):
             yield collect
     finally:
         root.handlers[:], level = saved

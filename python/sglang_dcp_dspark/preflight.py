@@ -30,7 +30,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import hostram, rules
+from . import hostram, rules, swap
 from . import launch as launch_mod
 from . import models as models_mod
 from . import verdict as verdict_mod
@@ -312,8 +312,6 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
 
 def _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) -> dict | None:
     """Pinned bytes per node of the chart's four setups (report.SETUPS), each from the release's classes where it has them."""
-    from unittest import mock
-
     from .budget import UNBUDGETED_ENV
 
     if models.draft is None:
@@ -323,7 +321,7 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
     def entry(b, source=classes):
         return {"per_node": b.bytes * ranks if b.pools else None, "from": source, "startup_error": b.startup_error}
 
-    with mock.patch.dict(os.environ, {UNBUDGETED_ENV: "1"}):
+    with swap.environ(**{UNBUDGETED_ENV: "1"}):
         unbudgeted = release.build(la, models, rows, hooked=plugin_on, host_ram=available)
     out = {"stock": entry(stock), "0.5.18+": entry(unbudgeted), "budgeted": entry(built)}
     if "sharded" in backups:

@@ -30,7 +30,8 @@ import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from unittest import mock
+
+from . import swap
 
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 # Plenty: sizes, not this machine's RAM, are what a build here is for.
@@ -93,17 +94,17 @@ def stand_in_host_memory(stack: contextlib.ExitStack, available: Callable[[], in
     """
     common = optional_module("sglang.srt.mem_cache.pool_host.common")
     if common is not None and hasattr(common, "_cuda_host_register"):
-        stack.enter_context(mock.patch.object(common, "_cuda_host_register", lambda *a, **k: None))
+        stack.enter_context(swap.attribute(common, "_cuda_host_register", lambda *a, **k: None))
     if alloc is not None and common is not None and hasattr(common, "alloc_mmap"):
         # MAP_POPULATE would fault in every byte; the sizes are what is measured.
-        stack.enter_context(mock.patch.object(common, "alloc_mmap", alloc(common.alloc_mmap)))
+        stack.enter_context(swap.attribute(common, "alloc_mmap", alloc(common.alloc_mmap)))
     if available is None:
         return
     node = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=available()))
     for module in (optional_module("sglang.srt.mem_cache.pool_host.base"),
                    optional_module("sglang.srt.mem_cache.memory_pool_host")):
         if module is not None and hasattr(module, "psutil"):
-            stack.enter_context(mock.patch.object(module, "psutil", node))
+            stack.enter_context(swap.attribute(module, "psutil", node))
 
 
 @contextlib.contextmanager
@@ -139,7 +140,7 @@ def on_rank(rank: Rank) -> Iterator[None]:
         # load-back all-gathers; nothing is moved here.
         stack.enter_context(get_parallel().override(
             dcp_enabled=rank.dcp_size > 1, attn_dcp_size=rank.dcp_size, attn_dcp_rank=rank.dcp_rank,
-            dcp_group=mock.MagicMock(),
+            dcp_group=swap.Inert(),
         ))
         base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
         if hasattr(base, "host_memory_budget_scope"):  # 0.5.21 on: one budget snapshot books every pool
@@ -152,12 +153,12 @@ def on_rank(rank: Rank) -> Iterator[None]:
                 return available - pinned[0]
 
         stand_in_host_memory(stack, free, lambda real: counted(meta_buffer if rank.meta_buffers else real))
-        stack.enter_context(mock.patch.object(importlib.import_module(ASSEMBLER), "HybridCacheController", mock.MagicMock()))
+        stack.enter_context(swap.attribute(importlib.import_module(ASSEMBLER), "HybridCacheController", swap.Inert()))
         # A lone rank: sglang agrees sizes with its peers through collectives (the auto-sized
         # ratio, a fixed --hicache-size across PP stages) once torch.distributed is up, and
         # every peer computes the same figure. Pools built here are this process's alone,
         # so no collective may run for them, whatever groups the process has.
-        stack.enter_context(mock.patch.object(torch.distributed, "is_initialized", lambda: False))
+        stack.enter_context(swap.attribute(torch.distributed, "is_initialized", lambda: False))
         if rank.meta_bookkeeping:
             from .sizing import _on_meta_mode
 
@@ -201,7 +202,7 @@ def device_pools(rank: Rank) -> Pools:
 def cache_params(pools: Pools, **fields) -> SimpleNamespace:
     """The CacheInitParams fields the plain-KV stack reads (``sidecar_draft_device_pools`` from 0.5.23 on)."""
     params = dict(
-        page_size=pools.rank.page_size * pools.rank.dcp_size, token_to_kv_pool_allocator=mock.MagicMock(),
+        page_size=pools.rank.page_size * pools.rank.dcp_size, token_to_kv_pool_allocator=swap.Inert(),
         tp_cache_group=None, attn_cp_cache_group=None, attn_tp_cache_group=None, pp_cache_group=None,
         mtp_draft_device_pools=(), sidecar_draft_device_pools=(pools.draft_device,) if pools.draft_device else (),
     )

@@ -15,9 +15,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from unittest import mock
 
-from . import rules
+from . import rules, swap
 
 # The budget split lives in :mod:`rules`; imported here for the callers that size pools with it.
 from .rules import BudgetSplit as BudgetSplit
@@ -160,9 +159,9 @@ def _unallocated_host_buffers() -> Iterator[None]:
     from sglang.srt.mem_cache.pool_host import base, common
 
     plenty = SimpleNamespace(virtual_memory=lambda: SimpleNamespace(available=1 << 62))
-    with mock.patch.object(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")), \
-            mock.patch.object(common, "_cuda_host_register", lambda buffer: None), \
-            mock.patch.object(base, "psutil", plenty), _on_meta_mode():
+    with swap.attribute(common, "alloc_mmap", lambda dims, dtype: torch.empty(dims, dtype=dtype, device="meta")), \
+            swap.attribute(common, "_cuda_host_register", lambda buffer: None), \
+            swap.attribute(base, "psutil", plenty), _on_meta_mode():
         yield
 
 

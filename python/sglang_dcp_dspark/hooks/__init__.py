@@ -202,7 +202,8 @@ def in_effect(module: str) -> Iterator[dict]:
     sglang's HookRegistry, whose hooks stay for the life of the process.
     """
     import pkgutil
-    from unittest import mock
+
+    from .. import swap
 
     findings: dict = {}
     wrapped = []
@@ -225,5 +226,5 @@ def in_effect(module: str) -> Iterator[dict]:
             wrapped.append((owner, name, hooked))
     with contextlib.ExitStack() as stack:
         for owner, name, hooked in wrapped:
-            stack.enter_context(mock.patch.object(owner, name, hooked))
+            stack.enter_context(swap.attribute(owner, name, hooked))
         yield findings

@@ -76,13 +76,13 @@ def _gate_probe(algorithm: str, draft_path: str | None = None) -> SimpleNamespac
 
 
 def _outcome(gate: Callable, probe) -> str:
-    from unittest import mock
-
     import sglang.srt.arg_groups.hicache_hook as module
+
+    from .. import swap
 
     try:
         # The probe is no model: its MLA check is answered "MLA", as the launches it stands for are.
-        with mock.patch.object(module, "use_mla_backend", lambda server_args: True):
+        with swap.attribute(module, "use_mla_backend", lambda server_args: True):
             gate(probe)
     except NotImplementedError:
         return "refused"

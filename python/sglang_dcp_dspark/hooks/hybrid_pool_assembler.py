@@ -66,12 +66,10 @@ def _probe_rank(**fields):
 
 def _probe_pools(stack: Callable | None = None, drafts: bool = True, **fields):
     """Tiny sidecar pools at dcp 2 through ``stack`` (default: the module's own), on the meta device."""
-    from unittest import mock
-
-    from .. import sidecar
+    from .. import sidecar, swap
 
     rank = _probe_rank(**fields)
-    own = contextlib.nullcontext() if stack is None else mock.patch.object(_assembler(), "build_kv_only_stack", stack)
+    own = contextlib.nullcontext() if stack is None else swap.attribute(_assembler(), "build_kv_only_stack", stack)
     with probing(), sidecar.on_rank(rank), own:
         pools = sidecar.device_pools(rank)
         params = sidecar.cache_params(pools, sidecar_draft_device_pools=(pools.draft_device,) if drafts else ())
@@ -140,7 +138,7 @@ def guard_verdict(full_draft_pools: Callable | None = None) -> Finding:
     built one page short of the capacity it asks for, and seeing whether
     the builder refuses it.
     """
-    from unittest import mock
+    from .. import swap
 
     assembler = _assembler()
     if full_draft_pools is None:
@@ -166,8 +164,8 @@ def guard_verdict(full_draft_pools: Callable | None = None) -> Finding:
         return real_build(**kwargs)
 
     try:
-        with mock.patch.object(assembler, "build_full_draft_pools", full_draft_pools), \
-                mock.patch.object(assembler, "_build_mha_mla_host_pool", short):
+        with swap.attribute(assembler, "build_full_draft_pools", full_draft_pools), \
+                swap.attribute(assembler, "_build_mha_mla_host_pool", short):
             pools = _probe_pools()
     except ValueError as exc:
         if "logical" in str(exc):
