@@ -113,6 +113,25 @@ def mla_device_pool(rows: int, page_size: int, layers: int, *, kv_lora_rank: int
     )
 
 
+def mha_device_pool(rows: int, page_size: int, layers: int, *, head_num: int, head_dim: int, v_head_dim: int | None = None,
+                    dtype: str = "bfloat16", meta: bool = False):
+    """sglang's own dense (MHA/GQA) device pool: the one builder the probes, preflight and the sidecar path use.
+
+    Its constructor asks torch for the device's stream module, which "meta"
+    has none of: with ``meta`` it is built for "cpu" with every tensor sent
+    to meta instead; without, it holds real CPU tensors.
+    """
+    import torch
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from .sizing import _on_meta_mode
+
+    extra = {} if v_head_dim is None else {"v_head_dim": v_head_dim}
+    with _on_meta_mode() if meta else contextlib.nullcontext():
+        return MHATokenToKVPool(size=rows, page_size=page_size, dtype=getattr(torch, dtype), head_num=head_num,
+                                head_dim=head_dim, layer_num=layers, device="cpu", enable_memory_saver=False, **extra)
+
+
 def _device_pool(g: Geometry, rows: int, page_size: int, layers: int):
     return mla_device_pool(rows, page_size, layers, kv_lora_rank=g.kv_lora_rank, qk_rope_head_dim=g.qk_rope_head_dim)
 
@@ -154,12 +173,8 @@ def build_draft_device_pool(g: Geometry):
     # The replicated draft is indexed by the target's logical slots.
     rows = g.device_rows * g.dcp_size
     if g.draft_kind == "mha":
-        import torch
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-        return MHATokenToKVPool(size=rows, page_size=g.logical_page_size, dtype=torch.bfloat16,
-                                head_num=DENSE_DRAFT_HEADS, head_dim=DENSE_DRAFT_HEAD_DIM, layer_num=g.draft_layers,
-                                device="cpu", enable_memory_saver=False)
+        return mha_device_pool(rows, g.logical_page_size, g.draft_layers, head_num=DENSE_DRAFT_HEADS,
+                               head_dim=DENSE_DRAFT_HEAD_DIM)
     return _device_pool(g, rows, g.logical_page_size, g.draft_layers)
 
 

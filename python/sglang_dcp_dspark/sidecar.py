@@ -172,17 +172,11 @@ def _device_pool(rows: int, page_size: int, layers: int, rank: Rank, kind: str =
 
     dtype = getattr(torch, rank.dtype)
     if kind == "mha":
-        from .sizing import _on_meta_mode
+        from ._probes import mha_device_pool
 
-        # A dense draft with the MLA row's width in one head, K and V each. Its
-        # constructor asks torch for the device's stream module, which "meta"
-        # has none of: built for "cpu" with every tensor sent to meta instead.
-        with _on_meta_mode():
-            return memory_pool.MHATokenToKVPool(
-                size=rows, page_size=page_size, dtype=dtype, head_num=1,
-                head_dim=rank.kv_lora_rank + rank.qk_rope_head_dim, layer_num=layers, device="cpu",
-                enable_memory_saver=False,
-            )
+        # A dense draft with the MLA row's width in one head, K and V each.
+        return mha_device_pool(rows, page_size, layers, head_num=1, head_dim=rank.kv_lora_rank + rank.qk_rope_head_dim,
+                               dtype=rank.dtype, meta=True)
     return memory_pool.MLATokenToKVPool(
         size=rows, page_size=page_size, dtype=dtype, kv_lora_rank=rank.kv_lora_rank,
         qk_rope_head_dim=rank.qk_rope_head_dim, layer_num=layers, device="meta", enable_memory_saver=False,

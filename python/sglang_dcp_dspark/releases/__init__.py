@@ -251,17 +251,11 @@ def _device_pool(kv: MLAKV | MHAKV, rows: int, page_size: int, *, dsa_index_head
     from sglang.srt.mem_cache import memory_pool
 
     if isinstance(kv, MHAKV):
-        from ..sizing import _on_meta_mode
+        from .._probes import mha_device_pool
 
-        # Its constructor asks torch for the device's stream module, which "meta"
-        # has none of: built for "cpu" with every tensor sent to meta instead
-        # (real CPU tensors for the reduced-scale cross-checks).
-        with _on_meta_mode() if on_meta() else contextlib.nullcontext():
-            return memory_pool.MHATokenToKVPool(
-                size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), head_num=kv.head_num,
-                head_dim=kv.head_dim, v_head_dim=kv.v_head_dim, layer_num=kv.layers, device="cpu",
-                enable_memory_saver=False,
-            )
+        # Real CPU tensors only for the reduced-scale cross-checks.
+        return mha_device_pool(rows, page_size, kv.layers, head_num=kv.head_num, head_dim=kv.head_dim,
+                               v_head_dim=kv.v_head_dim, dtype=kv.dtype, meta=on_meta())
 
     common = dict(size=rows, page_size=page_size, dtype=getattr(torch, kv.dtype), kv_lora_rank=kv.kv_lora_rank,
                   qk_rope_head_dim=kv.qk_rope_head_dim, layer_num=kv.layers, device="meta" if on_meta() else "cpu",
