@@ -16,7 +16,7 @@ from sglang_dcp_dspark import series as series_mod
 PROBE = Path(__file__).parent / "plugin_probe.py"
 REPO = Path(__file__).resolve().parents[1]
 GATE = "HiCache with --dcp-size > 1"
-BUILD_KV_CACHE = "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache"
+SPECULATIVE = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 
 
 def probe(model: Path, *, spawn: bool = False, plugins: str | None = None, pythonpath: Path | None = None) -> dict:
@@ -45,13 +45,14 @@ def test_on_stock_sglang_the_plugin_fixes_launcher_and_spawned_scheduler(tiny_ml
     for where in ("late_import", "spawned_scheduler"):
         assert got[where]["out_of_bounds"] == 0, where
         assert got[where]["coverage"] >= 1.0, where
-        # The 0.5.23 plan check shares kv_cache_builder with the registration and is judged out of scope here.
+        # The speculative check follows the pass map, which has no case on 0.5.17 (judged where its module is imported).
         findings = got[where]["findings"]
-        assert findings.pop(BUILD_KV_CACHE) == "OUT_OF_SCOPE", where
+        assert findings.pop(SPECULATIVE, "OUT_OF_SCOPE") == "OUT_OF_SCOPE", where
         assert set(findings.values()) == {"NEEDS_FIX"}, where
     # One line per target, and a second register() adds none; the draft registration adds what HiCache pins.
     decisions = [line for line in got["plugin_log"] if line.startswith("INFO dcp_dspark:")]
-    assert len(decisions) == 3 and [line.startswith("INFO dcp_dspark: hooked") for line in decisions] == [True, True, False]
+    assert len(decisions) == 3 and [line.startswith("INFO dcp_dspark: hooked") for line in decisions] == [True, False, True]
+    assert decisions[1].startswith(f"INFO dcp_dspark: left {SPECULATIVE} alone (not for this release)")
     assert any(line.startswith("INFO HiCache pins") and "dcp_size 8" in line for line in got["plugin_log"])
 
 
@@ -67,7 +68,7 @@ def test_on_a_tree_with_the_series_applied_it_stands_aside(tiny_mla_model, tree_
     got = probe(tiny_mla_model, pythonpath=tree_copy.root)
     assert got["dspark"] == "passes" and got["late_import"]["out_of_bounds"] == 0
     findings = got["late_import"]["findings"]
-    assert findings.pop(BUILD_KV_CACHE) == "OUT_OF_SCOPE" and set(findings.values()) == {"FIXED"}
+    assert findings.pop(SPECULATIVE, "OUT_OF_SCOPE") == "OUT_OF_SCOPE" and set(findings.values()) == {"FIXED"}
     assert len(got["plugin_log"]) == 3 and all(line.startswith("INFO dcp_dspark: left") for line in got["plugin_log"])
 
 
@@ -341,8 +342,9 @@ class _Series:
         ("0.5.22", [], {}, "at run time the plugin prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup"),
         ("0.5.23", [("upstream-next", "applicable")], {},
          "sglang 0.5.23 carries the fix upstream; at run time the plugin counts the draft sidecar in --hicache-size, prices the "
-         "draft sidecar in auto-sizing, stops a short draft sidecar at startup and admits the NextN (MTP) draft, packed with "
-         "the target; series upstream-next also applies"),
+         "draft sidecar in auto-sizing, stops a short draft sidecar at startup and checks each draft plan against its DCP "
+         "layout, and refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows; "
+         "series upstream-next also applies"),
         ("0.5.23", [("upstream-next", "applied")], {}, "series upstream-next applied; the plugin stands aside"),
         ("0.5.23", [], {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}, "so the plugin's sidecar hooks are off: unset"),
     ],
@@ -385,24 +387,24 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
 def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     """One table for register() and preflight: each hook names the sglang module, its judge and hook, and the patch."""
     from sglang_dcp_dspark import hooks
-    from sglang_dcp_dspark.hooks import hicache_auto_size, hicache_hook, hybrid_pool_assembler, kv_cache_builder
+    from sglang_dcp_dspark.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
 
     assert [h.target for h in hooks.HOOKS] == [
         plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS,
         plugin.KV_ONLY_STACK, plugin.KV_ONLY_GROUP, plugin.FULL_DRAFT_POOLS, plugin.DRAFT_BYTES, plugin.ESTIMATE,
-        plugin.GATE, plugin.BUILD_KV_CACHE,
+        plugin.SPECULATIVE,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
         plugin.admit_dspark, plugin.size_draft_from_logical, plugin.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
-        hicache_hook.admit_nextn, kv_cache_builder.check_draft_plan_first,
+        speculative_hook.refuse_broken_passes,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
         plugin.resolver_verdict, plugin.registration_verdict, plugin.budget_verdict,
         hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict, hybrid_pool_assembler.guard_verdict,
         hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
-        hicache_hook.nextn_gate_verdict, kv_cache_builder.plan_check_verdict,
+        speculative_hook.passes_verdict,
     ]
     for h in hooks.HOOKS:
         assert h.target.startswith(h.module + ".") and h.does

@@ -32,9 +32,8 @@ ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 STACK, GROUP, SIDECAR = f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group", f"{ASSEMBLER}.build_full_draft_pools"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size._draft_bytes"
 ESTIMATE = "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"
-BUILD = "sglang.srt.mem_cache.kv_cache_builder.build_kv_cache"
-GATE = "sglang.srt.arg_groups.hicache_hook.resolve_hicache_dcp_compatibility"
-NO_GATE = f"dcp_dspark: left {BUILD} alone (not for this release): follows the HiCache + DCP gate: this release has no sglang.srt.arg_groups.hicache_hook"
+# The speculative check sits on argument resolution (arg_groups.speculative_hook), which a scheduler does not import.
+SPECULATIVE = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 NO_SIDECAR_PARAMS = "CacheInitParams has no sidecar_draft_device_pools (0.5.23 adds it), so build_kv_only_stack cannot see the draft sidecar"
 
 
@@ -58,13 +57,11 @@ EXPECTED = {
     "0.5.17": [
         f"dcp_dspark: hooked {RESOLVER}: the resolver rejects DSPARK under DCP + HiCache",
         f"dcp_dspark: hooked {REGISTRATION}: the draft host pool is sized from physical rows (160 rows for 288 logical slots at dcp 2)",
-        NO_GATE,
         f"dcp_dspark: hooked {BUDGET}: --hicache-size sizes the target host pool alone",
     ],
     "0.5.18": [
         f"dcp_dspark: left {RESOLVER} alone (already fixed): the resolver already admits DSPARK under DCP + HiCache",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.18 carries the fix upstream (registration probe failed: TypeError: ",
-        NO_GATE,
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.18",
         f"dcp_dspark: left {STACK} alone (not for this release): {NO_SIDECAR_PARAMS}",
         f"dcp_dspark: left {GROUP} alone (not for this release): follows build_kv_only_stack: {NO_SIDECAR_PARAMS}",
@@ -73,14 +70,12 @@ EXPECTED = {
     "0.5.23": [
         f"dcp_dspark: left {RESOLVER} alone (not for this release): sglang.srt.server_args.ServerArgs has no _resolve_hicache_dcp_compatibility in this release; nothing to hook",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.23 carries the fix upstream (registration probe failed: TypeError: MLATokenToKVPoolHost.__init__() missing ",
-        f"dcp_dspark: hooked {BUILD}: the gate hook admits the NextN draft, so each plan is checked against its draft's DCP layout",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.23",
         f"dcp_dspark: hooked {STACK}: --hicache-size sizes the target host pool alone (96 rows with or without a draft sidecar at dcp 2); the hook gives the target t / (t + dcp_size * d) of --hicache-size",
         f"dcp_dspark: hooked {GROUP}: build_kv_only_stack passes it no host_size; the budget goes in there; the hook builds the target host pool at that share",
         f"dcp_dspark: hooked {SIDECAR}: a draft sidecar of 256 rows for 288 logical slots builds without complaint; the hook stops startup",
         f"dcp_dspark: hooked {AUTO_SIZE}: the estimate prices the draft sidecar at the target's physical rows (92160 bytes for 2x as many at dcp 2)",
         f"dcp_dspark: hooked {ESTIMATE}: follows _draft_bytes: ",
-        f"dcp_dspark: hooked {GATE}: the gate refuses the NextN (MTP) draft under DCP + HiCache",
     ],
 }
 
@@ -99,12 +94,12 @@ def test_one_decision_line_per_hook_in_the_configured_log_and_no_cuda(tree):
         assert got["call"] == "draft rows 17408 for 16896 logical slots"
         assert {t: got["findings"][t] for t in (RESOLVER, REGISTRATION, BUDGET)} == dict.fromkeys(
             (RESOLVER, REGISTRATION, BUDGET), "NEEDS_FIX")
-        assert got["findings"][BUILD] == "OUT_OF_SCOPE"
+        assert SPECULATIVE not in got["findings"]
     if tree == "0.5.23":
         # The scheduler's own build went through the hooks: the budget shares 100 GB with the dcp-8 draft
         # (upstream-next 0001's rows; stock 0.5.23 gives the target 1,400,128 rows and pins the draft on top).
         assert got["sidecar"] == {"target_rows": 1_258_112, "draft_rows": 10_064_896}
-        hooked = (STACK, GROUP, SIDECAR, AUTO_SIZE, ESTIMATE, GATE, BUILD)
+        hooked = (STACK, GROUP, SIDECAR, AUTO_SIZE, ESTIMATE)
         assert {t: got["findings"][t] for t in hooked} == dict.fromkeys(hooked, "NEEDS_FIX")
 
 
@@ -135,7 +130,7 @@ def test_probe_pools_leave_no_lines_in_sglangs_log():
     allocations = [line for line in log if "is allocated" in line or "hierarchical KV host pool" in line]
     assert any("#tokens: 8192" in line for line in allocations), log  # the real pools' lines do show
     assert not [line for line in allocations if "#tokens: 64," in line or "#tokens: 128," in line or " 160 tokens" in line]
-    assert len(plugin_lines(log)) == 4  # a process configured before load_plugins() still gets its lines
+    assert len(plugin_lines(log)) == 3  # a process configured before load_plugins() still gets its lines
 
 
 def test_off_switch_hooks_nothing_and_says_so_once():

@@ -9,7 +9,8 @@ put back whole); 130 / 143 interrupted by SIGINT / SIGTERM, likewise with the
 tree unchanged or put back whole; 141 stdout was closed early (``| head``);
 4 an internal error (a bug of this tool's, one line; ``SGLANG_DCP_DSPARK_TRACEBACK=1``
 shows the traceback). ``preflight`` adds 3: the launch passes validation but
-stops at startup.
+stops at startup; and 5: it passes validation, but a speculative pass under DCP
+crashes or reads other tokens' KV (docs/spec-under-dcp.md).
 """
 
 from __future__ import annotations

@@ -39,7 +39,30 @@ class HostMemoryTooSmall(StartupError):
 
 
 def unbudgeted() -> bool:
+    """Is the budget switched off? Read through sglang's own ``envs`` entry where the release has one, as the series does."""
+    field = _env_field()
+    if field is not None:
+        return bool(field.get())
     return os.environ.get(UNBUDGETED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_field():
+    import sys
+
+    environ = sys.modules.get("sglang.srt.environ")
+    return getattr(getattr(environ, "Envs", None), UNBUDGETED_ENV, None)
+
+
+def declare_env() -> None:
+    """Give sglang's ``envs`` the switch upstream-next 0001 adds, so sglang lists and exports it like its own."""
+    from sglang.srt import environ
+
+    if getattr(environ.Envs, UNBUDGETED_ENV, None) is not None:
+        return
+    field = environ.EnvBool(False)
+    # sglang names its fields through __set_name__, closed once the class is built; the name is all it sets.
+    field.name = UNBUDGETED_ENV
+    setattr(environ.Envs, UNBUDGETED_ENV, field)
 
 
 def local_ranks(server_args) -> int:

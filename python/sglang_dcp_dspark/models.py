@@ -163,3 +163,16 @@ def kv_fields(kv) -> dict | None:
     """A KV geometry as the report shows it (with its kind)."""
     return None if kv is None else {"kind": kv.kind, **vars(kv)}
 
+
+
+def is_mla_config(config: dict | None) -> bool:
+    """Does a raw config describe MLA attention (a ``kv_lora_rank``)? Only to pick the pass map's cases.
+
+    The pools are always read through sglang's ``ModelConfig`` (:func:`read`);
+    this answers where no resolution exists to read, as for a launch every
+    resolution refused.
+    """
+    if not isinstance(config, dict):
+        return False
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return bool(config.get("kv_lora_rank") or text.get("kv_lora_rank"))

@@ -66,7 +66,7 @@ _LAZY = {
     "resolver_verdict": "hooks.server_args",
     "KV_ONLY_STACK": "hooks.hybrid_pool_assembler", "KV_ONLY_GROUP": "hooks.hybrid_pool_assembler",
     "FULL_DRAFT_POOLS": "hooks.hybrid_pool_assembler", "DRAFT_BYTES": "hooks.hicache_auto_size",
-    "ESTIMATE": "hooks.hicache_auto_size", "GATE": "hooks.hicache_hook", "BUILD_KV_CACHE": "hooks.kv_cache_builder",
+    "ESTIMATE": "hooks.hicache_auto_size", "SPECULATIVE": "hooks.speculative_hook",
     "FIXED_UPSTREAM_IN": "hooks._common", "WRITTEN_FOR": "hooks._common", "Finding": "hooks._common",
     "Overlay": "hooks._common", "Verdict": "hooks._common", "by_version": "hooks._common",
     "version_at_least": "hooks._common",
@@ -140,6 +140,8 @@ def _decide(target: str, judge: Callable, hook: Callable, check_only: Callable |
     if finding.verdict is Verdict.NEEDS_FIX:
         HookRegistry.register(target, hook, HookType.AROUND, source=_source)
         entry = BY_TARGET.get(target)
+        if entry is not None:
+            entry.installed()
         does = f"; the hook {entry.does}" if entry is not None else ""
         decisions.say(logging.INFO, f"{PLUGIN_NAME}: hooked {target}: {finding.detail}{does}")
     elif finding.verdict in (Verdict.FIXED, Verdict.OUT_OF_SCOPE):
@@ -279,7 +281,7 @@ def _hook_from_table(hook: Hook, late: bool) -> None:
 # backup stays series-only.
 SIDECAR_CARRIES = (
     ("0.5.23", "counts the draft sidecar in --hicache-size, prices the draft sidecar in auto-sizing, stops a short "
-               "draft sidecar at startup and admits the NextN (MTP) draft, packed with the target"),
+               "draft sidecar at startup and checks each draft plan against its DCP layout"),
     ("0.5.21", "prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup (the budget needs "
                "0.5.23's CacheInitParams)"),
     ("0.5.19", "stops a short draft sidecar at startup (no auto-sizing before 0.5.21; the budget needs 0.5.23's CacheInitParams)"),
@@ -288,16 +290,24 @@ SIDECAR_FROM = "0.5.19"
 
 
 def sidecar_carries(version: str | None) -> str | None:
-    """What the sidecar hooks do on this release, or None where they have nothing to hook."""
+    """What the hooks do on this release after the upstream fix, or None where they have nothing to hook.
+
+    The sidecar hooks by release (:data:`SIDECAR_CARRIES`); the speculative
+    check wherever the pass map shows a launch kind that reads other rows
+    under DCP (:func:`passes.broken_kinds`).
+    """
+    from . import passes
     from .compat import parse_version
 
     parsed = parse_version(version)
     if parsed is None or parsed.release[:2] != (0, 5):
         return None
-    for floor, does in SIDECAR_CARRIES:
-        if parsed >= parse_version(floor):
-            return does
-    return None
+    does = next((text for floor, text in SIDECAR_CARRIES if parsed >= parse_version(floor)), None)
+    release = passes.release_key(version)
+    if release in passes.releases() and passes.broken_kinds(release):
+        check = "refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows"
+        does = f"{does}, and {check}" if does else check
+    return does
 
 
 def status_line(version: str | None, series_statuses=(), environ=None) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -33,6 +34,7 @@ from pathlib import Path
 from . import hostram, rules, swap
 from . import launch as launch_mod
 from . import models as models_mod
+from . import passes as passes_mod
 from . import verdict as verdict_mod
 from .errors import DcpDsparkError
 from .launch import FIX_PREFLIGHT, GIB, Node, Resolution
@@ -62,6 +64,7 @@ DEFAULT_DEVICE_ROWS_NOTE = ("the default launch's figure: about 40 GiB of KV per
 
 # Exit codes: the verdict on the launch as it will run (see :mod:`verdict`).
 PASSES, REJECTED, BAD_INPUT, STOPS = verdict_mod.PASSES, verdict_mod.REJECTED, verdict_mod.BAD_INPUT, verdict_mod.STOPS
+BROKEN_PASS = verdict_mod.BROKEN_PASS
 OUTCOMES = verdict_mod.OUTCOMES
 
 # What a real node can have. Past these a number is a typo, and preflight would
@@ -368,8 +371,11 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         "message": as_run.message,
         "sglang_warnings": as_run.warnings,
     }
+    judged = judge_passes(release, argv, configs, as_run.launch or fixed.launch or stock.launch)
+    report["passes"] = judged.as_dict()
     if not as_run.passed:
-        report["verdict"] = _verdict(REJECTED, f"sglang {release.version} rejects the launch: {as_run.message}")
+        also = f"; the pass map: {judged.summary()}" if judged.broken else ""
+        report["verdict"] = _verdict(REJECTED, f"sglang {release.version} rejects the launch: {as_run.message}{also}")
         return report
     la = as_run.launch
     check_resolved(la, node)
@@ -382,9 +388,35 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     report["startup_stops"] = stops
     if stops:
         report["verdict"] = _verdict(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
+    elif judged.broken:
+        report["verdict"] = _verdict(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
+                                                  f"{judged.summary()}")
     else:
         report["verdict"] = _verdict(PASSES, verdict_mod.passes_detail(report))
     return report
+
+
+def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod.Judgement:
+    """What the pass map says of the launch's speculative passes under DCP (docs/spec-under-dcp.md).
+
+    From the launch as sglang resolved it where it did; from the raw
+    arguments where every resolution refused it, so a rejection still names
+    the pass that would break. Backends count only as flags the launch
+    gives: on CPU sglang cannot resolve the backend a GPU would get, so a
+    launch that names none is judged on every target backend the map ran.
+    """
+    option = functools.partial(launch_mod.option, argv)
+    algorithm = la.speculative_algorithm if la is not None else option("--speculative-algorithm")
+    dcp = la.dcp_size if la is not None else int(float(option("--dcp-size") or option("--decode-context-parallel-size") or 1))
+    target = la.model_path if la is not None else option("--model-path") or option("--model")
+    draft = la.draft_model_path if la is not None else option("--speculative-draft-model-path")
+    hicache = la.enable_hierarchical_cache if la is not None else "--enable-hierarchical-cache" in argv
+    return passes_mod.judge(
+        release.version, algorithm, dcp=dcp, own_layer=draft in (None, target),
+        target_mla=models_mod.is_mla_config(configs["target"]),
+        target_backend=option("--decode-attention-backend") or option("--attention-backend"),
+        draft_backend=option("--speculative-draft-attention-backend"), hicache=hicache,
+    )
 
 
 def _applied_series() -> list[str]:

@@ -33,6 +33,7 @@ def render(report: dict) -> str:
     for label, key in (("stock sglang", "stock"), ("with plugin", "with_plugin")):
         r = report[key]
         out.append(f"  {label:<13} {'passes' if r['passed'] else 'rejected: ' + r['message']}")
+    out.extend(_render_passes(report.get("passes") or {}))
     sizing = report.get("sizing")
     if sizing and "skipped" in sizing:
         out.append(f"  host pools: {sizing['skipped']}")
@@ -41,6 +42,21 @@ def render(report: dict) -> str:
     out.append("")
     out.append(report["verdict"]["line"])
     return "\n".join(line.rstrip() for line in out)
+
+
+def _render_passes(judged: dict) -> list[str]:
+    """The speculative passes under DCP, one line each, as the pass map has them (docs/spec-under-dcp.md)."""
+    if not judged.get("algorithm") or judged.get("dcp", 1) <= 1:
+        return []
+    if not judged["mapped"]:
+        return [f"  {'passes':<13} {judged['summary']}"]
+    out = [f"  {'passes':<13} {judged['algorithm']} at dcp {judged['dcp']}, from the pass map (docs/spec-under-dcp.md)"
+           + (f"; {judged['note']}" if judged.get("note") else "")]
+    for found in judged["passes"]:
+        hicache = ", after a HiCache load-back" if found["after_hicache"] else ""
+        seen = f"dcp {found['dcp']}, rank {found['rank']}{hicache}"
+        out.append(f"    {found['name']:<19} {found['backend']:<15} {found['verdict']:<12} ({seen}) {found['detail']}")
+    return out
 
 
 def _name_width(sizing: dict) -> int:

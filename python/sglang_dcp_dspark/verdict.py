@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from .hostram import gib
 
 # Exit codes: the verdict on the launch as it will run.
-PASSES, REJECTED, BAD_INPUT, STOPS = 0, 1, 2, 3
-OUTCOMES = {PASSES: "PASSES", REJECTED: "REJECTED", BAD_INPUT: "BAD INPUT", STOPS: "STOPS AT STARTUP"}
+# 4 is the command line's internal error (``__main__``); 5: sglang admits the launch, and the
+# pass map shows one of its speculative passes crashing or reading other tokens' KV under DCP.
+PASSES, REJECTED, BAD_INPUT, STOPS, BROKEN_PASS = 0, 1, 2, 3, 5
+OUTCOMES = {PASSES: "PASSES", REJECTED: "REJECTED", BAD_INPUT: "BAD INPUT", STOPS: "STOPS AT STARTUP",
+            BROKEN_PASS: "BROKEN PASS"}
 
 
 @dataclass(frozen=True)

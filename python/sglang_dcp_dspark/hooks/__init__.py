@@ -4,9 +4,9 @@ vllm-ascend's layout. For sglang 0.5.17: ``server_args`` (the resolver),
 ``kv_cache_builder`` (the draft registration and its check-only guard hook),
 ``scheduler`` (the host-memory budget). For the draft sidecar of 0.5.19 and
 later: ``hybrid_pool_assembler`` (the budget and the guard) and
-``hicache_auto_size`` (the auto-size estimate). For the NextN (MTP) draft
-under DCP on 0.5.23: ``hicache_hook`` (the argument gate) and
-``kv_cache_builder`` (the plan check). Every entry is judged on the
+``hicache_auto_size`` (the auto-size estimate). For speculative decoding
+under DCP: ``speculative_hook`` (the argument check the pass map drives).
+Every entry is judged on the
 code it would patch, so a release gets only the hooks its code needs, and
 the carriers are imported only when their sglang module is.
 
@@ -27,10 +27,11 @@ from collections.abc import Callable, Iterator
 class Hook:
     """One table entry. A plain class: ``plugin.register`` imports this table in every sglang process."""
 
-    __slots__ = ("module", "target", "carrier", "judge_name", "hook_name", "does", "series_patch", "check_only_name")
+    __slots__ = ("module", "target", "carrier", "judge_name", "hook_name", "does", "series_patch", "check_only_name",
+                 "installed_name")
 
     def __init__(self, *, module: str, target: str, carrier: str, judge_name: str, hook_name: str, does: str,
-                 series_patch: str, check_only_name: str | None = None) -> None:
+                 series_patch: str, check_only_name: str | None = None, installed_name: str | None = None) -> None:
         self.module = module  # the sglang module whose import decides this hook
         self.target = target  # dotted path, as sglang's HookRegistry takes it
         self.carrier = carrier  # the module under hooks/ that holds judge and hook
@@ -39,6 +40,7 @@ class Hook:
         self.does = does  # what the hook changes, for the decision log and docs
         self.series_patch = series_patch  # the series patch that carries the same change
         self.check_only_name = check_only_name  # () -> AROUND hook | None, installed when the judge cannot tell
+        self.installed_name = installed_name  # () -> None, run once when the hook is registered (what the patch adds beside it)
 
     def __repr__(self) -> str:
         return f"Hook({self.target})"
@@ -57,6 +59,10 @@ class Hook:
 
     def check_only(self) -> Callable | None:
         return self._attr(self.check_only_name)() if self.check_only_name else None
+
+    def installed(self) -> None:
+        if self.installed_name:
+            self._attr(self.installed_name)()
 
     def judged(self, original: Callable | None = None):
         from ._common import by_version
@@ -92,7 +98,7 @@ class Hook:
 
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
-GATE_MODULE = "sglang.srt.arg_groups.hicache_hook"
+SPECULATIVE_MODULE = "sglang.srt.arg_groups.speculative_hook"
 
 HOOKS: tuple[Hook, ...] = (
     # sglang 0.5.17: the gate, the draft registration and the scheduler's budget.
@@ -131,8 +137,10 @@ HOOKS: tuple[Hook, ...] = (
         carrier="hybrid_pool_assembler",
         judge_name="budget_verdict",
         hook_name="count_sidecar_in_budget",
-        does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it",
-        series_patch="upstream-next/0001",
+        does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it, after "
+             "checking each draft's plan against its DCP layout",
+        series_patch="upstream-next/0001, 0009",
+        installed_name="declare_env",
     ),
     Hook(
         module=ASSEMBLER,
@@ -170,24 +178,15 @@ HOOKS: tuple[Hook, ...] = (
         does="tells the _draft_bytes hook which drafts are sidecars: packed layers stay at one row per target row",
         series_patch="upstream-next/0009",
     ),
-    # sglang 0.5.23: the NextN (MTP) draft under DCP + HiCache, and the plan check behind it.
+    # Every release the pass map covers: speculative launches whose passes crash or read other rows under DCP.
     Hook(
-        module=GATE_MODULE,
-        target=f"{GATE_MODULE}.resolve_hicache_dcp_compatibility",
-        carrier="hicache_hook",
-        judge_name="nextn_gate_verdict",
-        hook_name="admit_nextn",
-        does="admits the NextN (MTP) draft through the HiCache + DCP gate; an external EAGLE or EAGLE3 draft is refused in the series' words",
+        module=SPECULATIVE_MODULE,
+        target=f"{SPECULATIVE_MODULE}.handle_speculative_decoding",
+        carrier="speculative_hook",
+        judge_name="passes_verdict",
+        hook_name="refuse_broken_passes",
+        does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
         series_patch="upstream-next/0008",
-    ),
-    Hook(
-        module="sglang.srt.mem_cache.kv_cache_builder",
-        target="sglang.srt.mem_cache.kv_cache_builder.build_kv_cache",
-        carrier="kv_cache_builder",
-        judge_name="plan_check_verdict",
-        hook_name="check_draft_plan_first",
-        does="checks each draft plan against the draft's DCP layout before any pool is built",
-        series_patch="upstream-next/0009",
     ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}

@@ -67,6 +67,15 @@ def auto_size_verdict(draft_bytes: Callable | None = None) -> Finding:
     return Finding(DRAFT_BYTES, Verdict.UNRECOGNISED, f"unexpected draft estimate {got} bytes (physical rows: {physical})")
 
 
+def _attn_dcp_size() -> int:
+    """This rank's DCP width; 1 where no parallel config is published (sizing outside a launch, as in unit tests), as in 0002."""
+    from sglang.srt.runtime_context import get_context, get_parallel
+
+    if not get_context().is_config_namespace_published("parallel"):
+        return 1
+    return get_parallel().attn_dcp_size
+
+
 def price_logical_rows(original: Callable, target, draft, *args, **kwargs):
     """AROUND hook for ``_draft_bytes(target, draft)``."""
     first_call()
@@ -74,9 +83,7 @@ def price_logical_rows(original: Callable, target, draft, *args, **kwargs):
     if _is_swa(draft) or (sidecars is not None and id(draft) not in sidecars):
         # SWA drafts follow the target's SWA slots; packed layers live in the target's own rows.
         return original(target, draft, *args, **kwargs)
-    from sglang.srt.runtime_context import get_parallel
-
-    dcp = get_parallel().attn_dcp_size
+    dcp = _attn_dcp_size()
     if dcp <= 1:
         return original(target, draft, *args, **kwargs)
     return original(Overlay(target, size=target.size * dcp), draft, *args, **kwargs)

@@ -15,6 +15,8 @@ on sglang's own functions instead:
 - 0003, the guard: after ``build_full_draft_pools``, a draft sidecar with
   fewer rows than the target's logical slots stops startup with one line,
   and what HiCache pins per rank is logged once.
+- 0009, the plan check: at the top of the stack, a packed draft not
+  striped like the target, or an EAGLE draft in a sidecar, stops startup.
 
 ``SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1`` turns the budget off, as it does
 for the series.
@@ -35,7 +37,8 @@ KV_ONLY_STACK = f"{MODULE}.build_kv_only_stack"
 KV_ONLY_GROUP = f"{MODULE}.build_kv_only_group"
 FULL_DRAFT_POOLS = f"{MODULE}.build_full_draft_pools"
 
-logger = logging.getLogger("sglang_dcp_dspark.budget")
+# On the assembler's own logger, where 0001 and 0003 log the same lines.
+logger = logging.getLogger(MODULE)
 
 # The target's share of --hicache-size, from the stack hook to the group hook within one build_kv_only_stack call.
 _target_host_size: contextvars.ContextVar[float | None] = contextvars.ContextVar("dcp_dspark_target_host_size", default=None)
@@ -210,10 +213,73 @@ def target_hicache_size(kv_pool, sidecar_draft_device_pools) -> float | None:
     return target_size
 
 
+def declare_env() -> None:
+    """0001 adds SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT to sglang's envs; so does the budget hook, when it goes in."""
+    from .. import budget
+
+    budget.declare_env()
+
+
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
+
+
+def _speculative_algorithm() -> str | None:
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    # Pools built outside a launch (probes, unit tests) have no published spec config: no algorithm.
+    if not get_context().is_config_namespace_published("spec"):
+        return None
+    algorithm = get_spec().speculative_algorithm
+    return str(getattr(algorithm, "name", algorithm) or "").upper() or None
+
+
+def check_draft_pools(params) -> None:
+    """Under DCP, stop a draft whose host pool would restore other rows than its forward reads (0009's rule).
+
+    Hardening: sglang's HiCache gate refuses every draft but DSPARK under
+    DCP, and the speculative check (:mod:`.speculative_hook`) refuses the
+    EAGLE family on MLA models, so no launch reaches this with a packed or
+    an EAGLE draft today.
+    - PACKED layers move with the target's DCP indices, which fit only a
+      draft striped like the target (one stored row per dcp_size locs).
+    - A SIDECAR has no DCP translation: an EAGLE draft there would be
+      restored at other rows. DSPARK's replicated draft fits it.
+    0009's refusals of the sharded backup have no counterpart: stock 0.5.23
+    has no sharded backup.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    if not parallel.dcp_enabled:
+        return
+    dcp_size = parallel.attn_dcp_size
+    for pool in tuple(getattr(params, "mtp_draft_device_pools", ()) or ()):
+        span = getattr(pool, "_write_loc_dcp_span", 1)
+        if span != dcp_size:
+            raise NotImplementedError(
+                f"HiCache with --dcp-size {dcp_size} cannot pack this draft ({type(pool).__name__}, one row per "
+                f"{span} locs) into the target's host pool: packed layers move with the target's DCP indices, "
+                "which fit only a draft striped like the target."
+            )
+    if getattr(params, "sidecar_draft_device_pools", None) and _speculative_algorithm() in EAGLE_FAMILY:
+        raise NotImplementedError(
+            f"HiCache with --dcp-size {dcp_size} cannot back this EAGLE draft up in a host pool of its own (the "
+            "SIDECAR plan): the sidecar has no DCP index translation, while the draft's device KV is striped over "
+            "the DCP ranks (an MLA draft) or laid out by its attention backend (an MHA draft). Use DSPARK with "
+            "HiCache under DCP."
+        )
+
+
 def count_sidecar_in_budget(original: Callable, *args, **kwargs):
-    """AROUND hook for ``build_kv_only_stack`` (keyword-only): work out the target's share for the group hook."""
+    """AROUND hook for ``build_kv_only_stack`` (keyword-only): each draft's plan checked, then the target's share for the group hook.
+
+    The plan check sits where 0009 puts it, at the top of the stack, so the
+    series' own tests of it hold with the plugin. It rides on the budget's
+    entry: both need 0.5.23's ``sidecar_draft_device_pools``.
+    """
     first_call()
     params = kwargs.get("params")
+    check_draft_pools(params)
     size = target_hicache_size(kwargs.get("kv_pool"), tuple(getattr(params, "sidecar_draft_device_pools", ()) or ()))
     if size is None:
         return original(*args, **kwargs)

@@ -217,7 +217,7 @@ class Release:
         return int(compute(0, tp, dp, cp)[1])
 
     # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver, 0.5.23's gate.
-    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.hicache_hook")
+    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.speculative_hook")
 
     @contextlib.contextmanager
     def resolution_hooks(self, hooked: bool):
@@ -379,3 +379,17 @@ def _algorithm(launch: Launch):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return SpeculativeAlgorithm.from_string(launch.speculative_algorithm)
+
+
+def memory_pool_host_indexer(launch, dsa_pool, anchor) -> Pinned:
+    """A DSA model's indexer host pool where ``memory_pool_host`` builds it (0.5.17 and 0.5.18)."""
+    from sglang.srt.mem_cache import memory_pool_host
+    from sglang.srt.mem_cache.pool_host.common import get_allocator_type
+
+    from ..sizing import HostPoolSize
+
+    storage = SimpleNamespace(hicache_storage_backend=launch.hicache_storage_backend,
+                              hicache_storage_backend_extra_config=None)
+    pool = memory_pool_host.DSAIndexerPoolHost(dsa_pool, anchor, launch.hicache_mem_layout,
+                                               allocator_type=get_allocator_type(storage))
+    return Pinned("DSA indexer", "extra", "memory_pool_host.DSAIndexerPoolHost", HostPoolSize.of(pool))

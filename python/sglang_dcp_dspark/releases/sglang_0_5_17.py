@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import Built, Models, Pinned, Release, device_pools, host_pools_on_meta
+from . import Built, Models, Pinned, Release, device_pools, host_pools_on_meta, memory_pool_host_indexer
 
 REGISTRATION = "kv_cache_builder.maybe_register_hicache_draft"
 
@@ -73,7 +73,7 @@ class Adapter(Release):
                 return built
             built.pools.append(Pinned("target KV", "target", "HiRadixCache: MLATokenToKVPoolHost", HostPoolSize.of(target)))
             if models.dsa_index_head_dim:
-                built.pools.append(self._indexer(launch, dev.target, target))
+                built.pools.append(memory_pool_host_indexer(launch, dev.target, target))
             if dev.draft is not None:
                 from sglang.srt.mem_cache import kv_cache_builder
 
@@ -121,23 +121,3 @@ class Adapter(Release):
         # fit_hicache_size takes the node's available RAM and divides it among the node's ranks itself.
         budget.fit_hicache_size(scheduler, available_bytes=host_ram)
         return server_args.hicache_size
-
-    @staticmethod
-    def _indexer(launch, dsa_pool, anchor) -> Pinned:
-        from sglang.srt.mem_cache import memory_pool_host
-        from sglang.srt.mem_cache.pool_host.common import get_allocator_type
-
-        from ..sizing import HostPoolSize
-
-        pool = memory_pool_host.DSAIndexerPoolHost(
-            dsa_pool, anchor, launch.hicache_mem_layout,
-            allocator_type=get_allocator_type(_server_args_of(launch)),
-        )
-        return Pinned("DSA indexer", "extra", "memory_pool_host.DSAIndexerPoolHost", HostPoolSize.of(pool))
-
-
-def _server_args_of(launch):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(hicache_storage_backend=launch.hicache_storage_backend,
-                           hicache_storage_backend_extra_config=None)

@@ -18,7 +18,17 @@ What changed from 0.5.17, as read in the 0.5.18 wheel:
 
 from __future__ import annotations
 
-from . import Built, Models, Pinned, Release, decode_ratio, device_pools, draft_plan, plan_name
+from . import (
+    Built,
+    Models,
+    Pinned,
+    Release,
+    decode_ratio,
+    device_pools,
+    draft_plan,
+    memory_pool_host_indexer,
+    plan_name,
+)
 
 LEGACY = "kv_cache_builder._register_legacy_hicache_draft"
 
@@ -91,7 +101,7 @@ class Adapter(Release):
             built.pools.append(Pinned("target KV" + (" + packed draft layers" if packed else ""), "target",
                                       "HiRadixCache: MLATokenToKVPoolHost", HostPoolSize.of(target)))
             if models.dsa_index_head_dim:
-                built.pools.append(_indexer(launch, dev.target, target))
+                built.pools.append(memory_pool_host_indexer(launch, dev.target, target))
             if built.draft_plan == "SIDECAR":
                 from sglang.srt.mem_cache import kv_cache_builder
 
@@ -123,19 +133,3 @@ def _target(g, device_pool, packed):
         device_pool, g.host_ratio, g.hicache_size_gb, g.logical_page_size, g.layout,
         dcp_size=parallel.attn_dcp_size, dcp_rank=parallel.attn_dcp_rank, **extra,
     )
-
-
-def _indexer(launch, dsa_pool, anchor) -> Pinned:
-    from types import SimpleNamespace
-
-    from sglang.srt.mem_cache import memory_pool_host
-    from sglang.srt.mem_cache.pool_host.common import get_allocator_type
-
-    from ..sizing import HostPoolSize
-
-    pool = memory_pool_host.DSAIndexerPoolHost(
-        dsa_pool, anchor, launch.hicache_mem_layout,
-        allocator_type=get_allocator_type(SimpleNamespace(hicache_storage_backend=launch.hicache_storage_backend,
-                                                          hicache_storage_backend_extra_config=None)),
-    )
-    return Pinned("DSA indexer", "extra", "memory_pool_host.DSAIndexerPoolHost", HostPoolSize.of(pool))

@@ -93,12 +93,6 @@ class Adapter(Release):
                 decode_ratio(launch, dev.target)
             plan, packed = (None, ()) if dev.draft is None else draft_plan(launch, models, dev.draft)
             built.draft_plan = plan_name(plan)
-            if hooked and plan is not None:
-                try:
-                    self.check_plan(launch, plan)
-                except NotImplementedError as exc:  # the plugin's plan check stops the launch here
-                    built.startup_error = " ".join(str(exc).split())
-                    return built
             sidecars = tuple(plan.device_pools) if built.draft_plan == "SIDECAR" else ()
             params = sidecar.cache_params(SimpleNamespace(rank=rank, draft_device=None), mtp_draft_device_pools=packed,
                                           sidecar_draft_device_pools=sidecars)
@@ -134,21 +128,6 @@ class Adapter(Release):
             except (ValueError, NotImplementedError) as exc:  # sglang's own start-up refusals while building
                 built.startup_error = " ".join(str(exc).split())
         return built
-
-    def check_plan(self, launch, plan) -> None:
-        """The plugin's plan check (on ``build_kv_cache``, which preflight does not call), where the plugin installs it."""
-        from ..hooks import BY_TARGET
-        from ..hooks._common import Verdict
-
-        entry = BY_TARGET["sglang.srt.mem_cache.kv_cache_builder.build_kv_cache"]
-        finding = self.findings.get(entry.target) or entry.judged()
-        self.findings[entry.target] = finding
-        if finding.verdict is not Verdict.NEEDS_FIX or launch.dcp_size <= 1 or not launch.enable_hierarchical_cache:
-            return
-        from ..hooks.hicache_hook import check_draft_plan
-
-        algorithm = str(launch.speculative_algorithm or "").upper().replace("NEXTN", "EAGLE")
-        check_draft_plan(plan, algorithm, launch.dcp_size)
 
     def extra_pools(self, launch, dev, group) -> list[Pinned]:
         """Host pools beside the KV anchor: a DSA model's indexer (``pool_host/dsa.py`` from 0.5.19)."""

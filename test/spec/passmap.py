@@ -1,0 +1,1305 @@
+"""The pass map: for each speculative pass under DCP, are the rows a pass READS the rows the write door WROTE?
+
+For one sglang release (the tree on ``PYTHONPATH``), on CPU, with small pools:
+
+1. tagged rows are written through the write door the backend really uses
+   (``MLATokenToKVPool.set_mla_kv_buffer`` for an MLA target or NextN draft,
+   ``MHATokenToKVPool.set_kv_buffer`` for a dense DSPARK draft's context, as
+   ``models/dspark.py::write_target_hidden_kv`` does; ``TritonAttnBackend._set_kv_buffer``
+   for the block tokens of a Triton draft);
+2. for each pass, sglang's own metadata builders build the KV indices (the real
+   attention backend object, built by its own ``__init__`` on a stand-in model
+   runner, and its own ``init_forward_metadata*``). The only things replaced are
+   the GPU pieces: the flashinfer wrapper classes are recorders (their ``plan``
+   keeps the indices handed to the kernel; a CUDA-graph wrapper reads its bound
+   buffer, as flashinfer's does), tensors asked for on ``cuda`` are made on CPU,
+   and Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``);
+3. each index the kernel would read is mapped to the physical row it touches,
+   and the tag found there is compared with the tags of the tokens the pass
+   must attend to (on a striped pool: this rank's share);
+4. after a HiCache backup, scrub and load-back through the controller's own
+   transfer pieces (``test/datapath/layouts.py::host_stack`` and the
+   ``HybridCacheController`` transfer lists), the reads are repeated.
+
+Verdicts: "consistent", "wrong-rows", "raises", "not-admitted", "not-run".
+Nothing is hard-coded: every verdict is what the run found.
+
+Usage: PYTHONPATH=build/trees/sglang-X python test/spec/passmap.py [--write | --check | --json]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parents[2]
+if str(REPO / "test") not in sys.path:  # datapath (layouts, substitutions) and the package
+    sys.path.insert(0, str(REPO / "test"))
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+DATA = REPO / "python" / "sglang_dcp_dspark" / "data" / "spec_passes.json"
+DOC = REPO / "docs" / "spec-under-dcp.md"
+BEGIN, END = "<!-- passmap:begin -->", "<!-- passmap:end -->"
+GENERATED_BY = "python test/spec/passmap.py --write (on each tree: PYTHONPATH=build/trees/sglang-X)"
+PASSES = ("EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND", "TARGET_VERIFY_GRAPH",
+          "TARGET_VERIFY_EAGER")
+DCP_SIZES = (1, 2, 4, 8)
+
+# Geometry (small): a rank's target pool has PAGES pages of PAGE rows; the logical page is PAGE * dcp.
+PAGE, PAGES = 4, 8
+KV_LORA_RANK, QK_ROPE_HEAD_DIM = 16, 8
+MHA_KV_HEADS, MHA_HEAD_DIM = 2, 8
+HEADS = 16
+# The request: its committed prefix fills logical pages PREFIX_PAGES; its speculative window (draft steps,
+# verify tokens, the DSPARK block) lies at the start of logical page WINDOW_PAGE. HiCache loads the prefix
+# back into logical pages LOAD_PAGES (page 0 holds loc 0, the padded slot).
+PREFIX_PAGES, WINDOW_PAGE, LOAD_PAGES = (1, 3), 5, (6, 2)
+STEPS, DRAFT_TOKENS = 3, 4  # EAGLE: --speculative-num-steps 3, topk 1, --speculative-num-draft-tokens 4
+DSPARK_BLOCK = 4  # DSPARK query_token_num (gamma + 1) kept small
+
+# Draft attention backends to try for a DSPARK dense draft (--speculative-draft-attention-backend); None: default.
+DSPARK_DRAFT_BACKENDS = (None, "fa3", "flashinfer", "triton", "trtllm_mha")
+
+
+# ---------------------------------------------------------------- GPU stand-ins (the only mocks)
+
+
+class RecordingWrapper:
+    """Stands in for a flashinfer wrapper class: keeps what ``plan`` hands the kernel.
+
+    A CUDA-graph wrapper (``use_cuda_graph=True``) is bound to buffers at
+    construction: flashinfer's ``plan`` copies the indices into the bound
+    ``kv_indices`` buffer, and the kernel reads that buffer, so that is what
+    :meth:`kernel_ids` returns for it. sglang's sync-free replay plans
+    (``fast_mla_decode_plan``) call ``_cached_module.plan`` with host indptrs
+    only: recorded as the indptr the kernel then uses over the bound buffer.
+    """
+
+    def __init__(self, *args, use_cuda_graph: bool = False, kv_indices=None, kv_indptr=None, qo_indptr=None,
+                 kv_len_arr=None, **kwargs) -> None:
+        import torch
+
+        self.use_cuda_graph = use_cuda_graph
+        self.bound_indices, self.bound_indptr = kv_indices, kv_indptr
+        self.kv_indptr = self.kv_indices = None
+        self.plans = 0
+        self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
+        self._pin_memory_int_workspace_buffer = torch.empty(0)
+        wrapper = self
+
+        class _Module:
+            def plan(self, float_ws, int_ws, pin_ws, qo_indptr, kv_indptr, kv_len_arr, *rest):
+                wrapper.kv_indptr = kv_indptr.clone()
+                wrapper.kv_indices = wrapper.bound_indices
+                wrapper.plans += 1
+
+        self._cached_module = _Module()
+        # fast_mla_prefill_plan copies into these
+        self._qo_indptr_buf, self._kv_indptr_buf, self._kv_len_arr_buf = qo_indptr, kv_indptr, kv_len_arr
+        self._kv_indices_buf = kv_indices
+
+    def plan(self, *args, **kwargs):
+        if "kv_indptr" in kwargs:  # flashinfer MHA wrappers take keywords (paged_kv_indptr ...)
+            indptr, indices = kwargs["kv_indptr"], kwargs.get("kv_indices")
+        elif "paged_kv_indptr" in kwargs or len(args) < 3:
+            indptr = kwargs.get("paged_kv_indptr", args[1] if len(args) > 1 else None)
+            indices = kwargs.get("paged_kv_indices", args[2] if len(args) > 2 else None)
+        else:
+            indptr, indices = args[1], args[2]
+        self.kv_indptr = None if indptr is None else indptr.clone()
+        if self.use_cuda_graph and self.bound_indices is not None and indices is not None:
+            if indices.data_ptr() != self.bound_indices.data_ptr():
+                self.bound_indices[: len(indices)].copy_(indices)
+            self.kv_indices = self.bound_indices
+        else:
+            self.kv_indices = None if indices is None else indices.clone()
+        self.plans += 1
+
+    begin_forward = plan
+
+    def kernel_ids(self, lane: int = 0) -> list[int]:
+        if self.kv_indices is None or self.kv_indptr is None:
+            return []
+        lo, hi = int(self.kv_indptr[lane]), int(self.kv_indptr[lane + 1])
+        return [int(x) for x in self.kv_indices[lo:hi].tolist()]
+
+
+@contextlib.contextmanager
+def cuda_tensors_on_cpu() -> Iterator[None]:
+    """Tensors sglang asks for on ``cuda`` (or pinned) are made on CPU: there is no device here."""
+    import torch
+
+    names = ("zeros", "empty", "ones", "arange", "full", "tensor", "zeros_like", "empty_like", "full_like",
+             "ones_like", "randn", "rand")
+    saved = {n: getattr(torch, n) for n in names}
+
+    def wrap(f):
+        @functools.wraps(f)
+        def g(*a, **k):
+            d = k.get("device")
+            if d is not None and str(d).startswith("cuda"):
+                k["device"] = "cpu"
+            k.pop("pin_memory", None)
+            return f(*a, **k)
+
+        return g
+
+    for n, f in saved.items():
+        setattr(torch, n, wrap(f))
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch, n, f)
+
+
+def stub_flashinfer(module) -> None:
+    """The flashinfer wrapper names a backend module binds only when flashinfer imports: recorders."""
+    for name in ("BatchMLAPagedAttentionWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
+                 "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"):
+        if not hasattr(module, name) or isinstance(getattr(module, name), type):
+            setattr(module, name, RecordingWrapper)
+
+
+# ---------------------------------------------------------------- tags
+
+
+def tag_values(kind: str, locs, head_num: int = MHA_KV_HEADS, head_dim: int = MHA_HEAD_DIM):
+    """Row values carrying ``loc + 1`` exactly in bf16 (two elements: high and low 7 bits)."""
+    import torch
+
+    t = (locs.long() + 1)
+    hi, lo = (t // 128).float(), (t % 128).float()
+    if kind == "mla":
+        nope = torch.zeros(len(locs), 1, KV_LORA_RANK)
+        nope[:, 0, 0], nope[:, 0, 1] = hi, lo
+        return nope.bfloat16(), torch.zeros(len(locs), 1, QK_ROPE_HEAD_DIM).bfloat16()
+    k = torch.zeros(len(locs), head_num, head_dim)
+    k[:, :, 0], k[:, :, 1] = hi[:, None], lo[:, None]
+    return k.bfloat16(), k.clone().bfloat16()
+
+
+def row_tags(kind: str, pool, layer: int = 0) -> list[int]:
+    """The tag (loc + 1) every physical row of ``layer`` holds; 0: nothing written."""
+    buf = pool.kv_buffer[layer] if kind == "mla" else pool.k_buffer[layer]
+    flat = buf.reshape(buf.shape[0], -1).float()
+    return [int(v) for v in (flat[:, 0] * 128 + flat[:, 1]).round().long().tolist()]
+
+
+def scrub(kind: str, pool) -> None:
+    for buf in (pool.kv_buffer if kind == "mla" else [*pool.k_buffer, *pool.v_buffer]):
+        buf.zero_()
+
+
+def span(rows: list[int], n: int = 4) -> str:
+    shown = ", ".join(map(str, rows[:n]))
+    return shown + (", …" if len(rows) > n else "") if rows else "none"
+
+
+def judge(kind: str, pool, read_rows: list[int], want_locs: list[int], *, note: str = "") -> dict:
+    """Compare the tags at the rows read with the tags of the tokens the pass must read.
+
+    ``want_locs``: the logical locs whose KV this rank's kernel must see for the pass.
+    """
+    tags = row_tags(kind, pool)
+    where = {}
+    for row, t in enumerate(tags):
+        if t:
+            where.setdefault(t - 1, row)
+    rows_total = len(tags)
+    want = [L + 1 for L in want_locs]
+    got = [tags[r] if 0 <= r < rows_total else None for r in read_rows]
+    wanted = set(want)
+    bad = [i for i, g in enumerate(got) if g is None or g not in wanted]
+    past = [read_rows[i] for i in bad if got[i] is None]
+    if not bad and sorted(got) == sorted(want):
+        return {"verdict": "consistent", "detail": f"reads {len(read_rows)} rows, each holding a token it attends to"
+                + (f"; {note}" if note else "")}
+    if not bad:
+        missing = sorted(wanted - set(got))
+        missing_locs = [m - 1 for m in missing]
+        return {"verdict": "consistent",
+                "detail": f"every row read holds a token it attends to, but it reads {len(set(got))} of the "
+                          f"{len(wanted)} tokens (locs {span(missing_locs)} not planned)" + (f"; {note}" if note else "")}
+    bad_rows = [read_rows[i] for i in bad]
+    written = []
+    for i in bad:
+        # the token this index stands for: the kernel's i-th id against the i-th wanted token when lengths agree
+        loc = want_locs[i] if i < len(want_locs) else None
+        if loc is not None and loc in where:
+            written.append(where[loc])
+    held = []
+    for i in bad[:4]:
+        g = got[i]
+        held.append("past the pool" if g is None else ("nothing" if g == 0 else f"loc {g - 1}"))
+    detail = (f"reads rows {span(bad_rows)} (holding {', '.join(held)}{', …' if len(bad) > 4 else ''})"
+              + (f" written at {span(written)}" if written else "")
+              + f"; {len(bad)} of {len(read_rows)} ids wrong")
+    if past:
+        detail += f"; {len(past)} ids past the pool's {rows_total} rows (first {past[0]})"
+    if note:
+        detail += f"; {note}"
+    return {"verdict": "wrong-rows", "detail": detail}
+
+
+def raised(exc: BaseException) -> dict:
+    """A 'raises' verdict naming the exception and the innermost sglang frame."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/sglang/" in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" at {f.filename[f.filename.rindex('/sglang/') + 1:]}:{f.lineno}"
+    msg = " ".join(str(exc).split())[:160]
+    return {"verdict": "raises", "detail": f"{type(exc).__name__}: {msg}{where}"}
+
+
+# ---------------------------------------------------------------- sglang context per rank
+
+
+def release() -> str:
+    import sglang
+
+    return sglang.__version__
+
+
+@contextlib.contextmanager
+def on_rank(dcp: int, rank: int):
+    """sglang's runtime context for one DCP rank (layouts.on_rank) plus the GPU stand-ins."""
+    from datapath import layouts
+
+    with layouts.on_rank(dcp, rank) as ops, cuda_tensors_on_cpu():
+        yield ops
+
+
+def model_runner(pool, req_to_token, translator, *, dtype=None, heads: int = HEADS):
+    import torch
+
+    mc = SimpleNamespace(
+        context_len=req_to_token.shape[1], num_attention_heads=heads, kv_lora_rank=KV_LORA_RANK,
+        qk_nope_head_dim=KV_LORA_RANK, qk_rope_head_dim=QK_ROPE_HEAD_DIM, v_head_dim=KV_LORA_RANK, scaling=1.0,
+        head_dim=MHA_HEAD_DIM, is_encoder_decoder=False, attention_chunk_size=None, is_hybrid_swa=False,
+        is_multimodal=False, hf_config=SimpleNamespace(architectures=["X"]),
+        get_num_kv_heads=lambda tp: MHA_KV_HEADS, num_hidden_layers=1, is_local_attention_model=False,
+    )
+    return SimpleNamespace(
+        model_config=mc, device="cpu", req_to_token_pool=SimpleNamespace(size=req_to_token.shape[0],
+                                                                          req_to_token=req_to_token),
+        token_to_kv_pool=pool, kv_index_translator=translator, page_size=PAGE, dtype=dtype or torch.bfloat16,
+        kv_cache_dtype=torch.bfloat16, sliding_window_size=None, is_hybrid_swa=False,
+        server_args=None, attention_chunk_size=None, is_draft_worker=False,
+        token_to_kv_pool_allocator=SimpleNamespace(page_size=PAGE, get_kvcache=lambda: pool),
+    )
+
+
+def translator_for(pool, req_to_token, *, draft: bool):
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+    return KVIndexTranslator(req_to_token=req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+                             page_size=pool.page_size, device="cpu", is_draft_worker=draft)
+
+
+# ---------------------------------------------------------------- the request
+
+
+class Request:
+    """One request's locs: its committed prefix and its speculative window, in req_to_token row 0."""
+
+    def __init__(self, dcp: int, prefix_pages=PREFIX_PAGES) -> None:
+        import torch
+
+        page = PAGE * dcp
+        self.dcp = dcp
+        self.prefix = torch.cat([torch.arange(p * page, (p + 1) * page) for p in prefix_pages])
+        self.window = torch.arange(WINDOW_PAGE * page, WINDOW_PAGE * page + max(STEPS + 1, DRAFT_TOKENS, DSPARK_BLOCK))
+        self.req_to_token = torch.zeros((2, 12 * page), dtype=torch.int32)
+        self.set_prefix(self.prefix)
+
+    def set_prefix(self, prefix) -> None:
+        self.prefix = prefix
+        S = len(prefix)
+        self.req_to_token[0, :S] = prefix.int()
+        self.req_to_token[0, S:S + len(self.window)] = self.window.int()
+
+    @property
+    def S(self) -> int:
+        return len(self.prefix)
+
+    def locs(self, n: int) -> list[int]:
+        """The first ``n`` positions' locs (prefix then window)."""
+        return [int(x) for x in self.req_to_token[0, :n].tolist()]
+
+
+def owned(locs: list[int], striped: bool, dcp: int, rank: int) -> list[int]:
+    return [L for L in locs if not striped or dcp == 1 or L % dcp == rank]
+
+
+# ---------------------------------------------------------------- the passes
+
+
+def fb(**kw):
+    """A forward batch: the fields the backends' metadata builders read."""
+    import torch
+
+    base = dict(batch_size=1, req_pool_indices=torch.tensor([0]), kv_loc_plan=None, attn_dcp_metadata=None,
+                encoder_lens=None, spec_info=None, extend_prefix_lens=None, extend_prefix_lens_cpu=None,
+                extend_seq_lens=None, extend_seq_lens_cpu=None, seq_lens_cpu=None, positions=None,
+                input_ids=None, out_cache_loc=None, num_token_non_padded=None, mrope_positions=None)
+    base.update(kw)
+    ns = SimpleNamespace(**base)
+    ns.forward_mode = kw["forward_mode"]
+    return ns
+
+
+def seqs(n: int):
+    import torch
+
+    # int64, as ScheduleBatch makes them (an int32 seq_lens would alias the kv_lens the DCP planner rewrites)
+    return dict(seq_lens=torch.tensor([n], dtype=torch.int64), seq_lens_sum=n,
+                seq_lens_cpu=torch.tensor([n], dtype=torch.int64))
+
+
+# ---------------------------------------------------------------- the iteration's KVLocPlan, as the release builds it
+
+TR = "KVIndexTranslator"
+
+
+def has_plans(tr) -> bool:
+    """The release binds a ``KVLocPlan`` to each forward (0.5.22 on); before that ``kv_loc_plan`` does not exist."""
+    return tr is not None and hasattr(tr, "own_plan")
+
+
+def bind_own(batch, tr) -> str:
+    """``ForwardBatch.init_new`` with no plan handed in: ``translator.own_plan(ret)`` then ``plan.bind(ret, translator)``."""
+    if not has_plans(tr):
+        return "no KVLocPlan in this release"
+    tr.own_plan(batch).bind(batch, tr)
+    return f"{TR}.own_plan + KVLocPlan.bind (ForwardBatch.init_new)"
+
+
+def bind_runner_slots(batch, tr) -> str:
+    """A graph runner's capture batch over its own buffers: ``KVIndexTranslator.bind_runner_slots``."""
+    if not has_plans(tr):
+        return "no KVLocPlan in this release"
+    tr.bind_runner_slots(batch)
+    return f"capture: {TR}.bind_runner_slots"
+
+
+def bind_plan(plan, batch, tr, cols=None) -> None:
+    if plan is not None:
+        plan.bind(batch, tr, cols=cols)
+
+
+def eagle_window_plan(target_tr, req: Request):
+    """``eagle_worker_common.prepare_for_draft`` (topk 1, num_draft_tokens > num_steps): the iteration's window
+    planned by the TARGET's translator, ``target_translator.plan(..., write_virtual=out_cache_loc,
+    read_extent=num_draft_tokens)``; draft decode binds columns [0, num_steps), draft extend and verify the whole."""
+    import torch
+
+    if not has_plans(target_tr):
+        return None, "no KVLocPlan in this release"
+    S = req.S
+    out = torch.tensor(req.locs(S + DRAFT_TOKENS)[S:], dtype=torch.int64)
+    plan = target_tr.plan(req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([S], dtype=torch.int64),
+                          seq_lens_cpu=torch.tensor([S], dtype=torch.int64), write_virtual=out,
+                          read_extent=DRAFT_TOKENS)
+    return plan, f"eagle_worker_common.prepare_for_draft: target {TR}.plan (the iteration's window)"
+
+
+def dspark_window_plan(target_tr, req: Request):
+    """``dspark_planner.alloc_verify_window``, the release's own function: the window the draft block, the
+    verify and the target-hidden KV writes share, planned by the target's translator."""
+    import torch
+
+    if not has_plans(target_tr):
+        return None, "no KVLocPlan in this release"
+    from sglang.srt.speculative.dspark_components.dspark_planner import alloc_verify_window
+
+    S, n = req.S, DSPARK_BLOCK
+    batch = SimpleNamespace(seq_lens=torch.tensor([S], dtype=torch.int64), req_pool_indices=torch.tensor([0]))
+    runner = SimpleNamespace(kv_index_translator=target_tr,
+                             req_to_token_pool=SimpleNamespace(req_to_token=req.req_to_token))
+    from unittest import mock
+
+    from sglang.kernels.ops.speculative import cache_locs
+
+    # The window's locs come from a Triton kernel sglang launches only on a GPU platform (its CPU branch returns
+    # nothing): run that kernel in Triton's interpreter, as on CUDA.
+    with mock.patch.object(cache_locs, "_is_cuda", True):
+        window = alloc_verify_window(batch=batch, bs=1, device="cpu", verify_num_draft_tokens=n,
+                                     block_pos_offsets=torch.arange(n)[None], model_runner=runner,
+                                     seq_lens_cpu=torch.tensor([S], dtype=torch.int64))
+    builder = "plan_uniform_extend" if hasattr(target_tr, "plan_uniform_extend") else "plan"
+    return window.kv_loc_plan, f"dspark_planner.alloc_verify_window: target {TR}.{builder}"
+
+
+def with_plan(out: dict, plan_where: str) -> dict:
+    out = dict(out)
+    out["plan"] = plan_where
+    return out
+
+
+class Case:
+    """One (algorithm, draft, backends, dcp, rank) case on the current release."""
+
+    def __init__(self, algorithm: str, draft_class: str, draft_kind: str, target_backend: str, draft_backend: str,
+                 dcp: int, rank: int, *, draft_backend_flag: str | None = None) -> None:
+        self.algorithm, self.draft_class, self.draft_kind = algorithm, draft_class, draft_kind
+        self.target_backend, self.draft_backend = target_backend, draft_backend
+        self.draft_backend_flag = draft_backend_flag
+        self.dcp, self.rank = dcp, rank
+
+    def key(self) -> tuple:
+        return (self.algorithm, self.draft_class, self.draft_backend, self.dcp, self.rank)
+
+    def record(self, passes: dict) -> dict:
+        return {"release": release(), "algorithm": self.algorithm, "draft_class": self.draft_class,
+                "draft_kind": self.draft_kind, "target_backend": self.target_backend,
+                "draft_backend": self.draft_backend, "draft_backend_flag": self.draft_backend_flag,
+                "target_kind": "mla", "dcp": self.dcp, "rank": self.rank, "passes": passes}
+
+
+def run_pass(fn: Callable[[], dict], where: str) -> dict:
+    try:
+        out = fn()
+    except Exception as exc:  # a pass that raises is a finding
+        out = raised(exc)
+    out = dict(out)
+    plan = out.pop("plan", None)
+    out.setdefault("where", where + (f" [plan: {plan}]" if plan else ""))
+    return out
+
+
+# ---------------------------------------------------------------- pools and writes (0.5.19 on: the configurator)
+
+
+LAYER = SimpleNamespace(layer_id=0, is_cross_attention=False, tp_k_head_num=MHA_KV_HEADS, tp_v_head_num=MHA_KV_HEADS,
+                        head_dim=MHA_HEAD_DIM, v_head_dim=MHA_HEAD_DIM, k_scale=None, v_scale=None, sliding_window_size=-1,
+                        scaling=1.0, qk_head_dim=MHA_HEAD_DIM, logit_cap=0.0, is_cross=False, attn_type=None)
+
+
+def pools(algorithm: str, draft_kind: str):
+    """The target pool (2 MLA layers) and the draft pool, built by sglang's ``KVCacheConfigurator``."""
+    from datapath import layouts
+
+    launch = next(launch for launch in layouts.launches()
+                  if launch.algorithm == ("NEXTN" if algorithm == "NEXTN" else "DSPARK") and not launch.replicated)
+    target = layouts.build_pool(layouts.configurator(launch, draft=False, layers=layouts.TARGET_LAYERS,
+                                                     architecture="DeepseekV3ForCausalLM"))
+    draft = layouts.build_pool(layouts.configurator(launch, draft=True, layers=1, architecture=launch.architecture))
+    return launch, target, draft
+
+
+def write_mla(pool, locs) -> None:
+    """``MLATokenToKVPool.set_mla_kv_buffer``: the MLA door (striped under DCP)."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    pool.set_mla_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *tag_values("mla", locs))
+
+
+def write_mha(pool, locs) -> None:
+    """``MHATokenToKVPool.set_kv_buffer`` at the locs as given: ``write_target_hidden_kv``'s door."""
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    pool.set_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *tag_values("mha", locs, pool.head_num, pool.head_dim))
+
+
+def write_mha_triton(pool, locs, positions) -> None:
+    """``TritonAttnBackend._set_kv_buffer``: the door a Triton draft's forward writes its own tokens through."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    from datapath import layouts
+
+    batch = SimpleNamespace(out_cache_loc=locs, out_cache_loc_is_physical=True, positions=positions, dcp_kv_mask=None)
+    TritonAttnBackend._set_kv_buffer(layouts._backend(pool, None), batch, LAYER, KVWriteLoc.for_batch(batch),
+                                     *tag_values("mha", locs, pool.head_num, pool.head_dim))
+
+
+def is_striped(kind: str, pool, locs, dcp: int, rank: int) -> bool:
+    """Measured: does this rank hold loc L at row L // N (owned only), rather than at row L?"""
+    if dcp == 1:
+        return False
+    tags = row_tags(kind, pool)
+    L = int(locs[0])
+    return len(tags) <= L or tags[L] != L + 1
+
+
+# ---------------------------------------------------------------- HiCache round trip
+
+
+def hicache_round_trip(ops, target, draft, req: Request, dcp: int, *, draft_kind: str, sidecar: bool,
+                       rewrite_window: Callable[[], None]) -> None:
+    """Back the prefix up (target + draft, as ``start_writing`` does), scrub both device pools, load it back
+    into LOAD_PAGES (``start_loading``), then point the request at the new locs.
+
+    The host stack and the transfer lists are sglang's (``layouts.host_stack``: ``build_kv_only_stack`` with
+    the draft packed or as a sidecar; ``HybridCacheController._l2_transfers`` / ``_l2_load_transfers`` /
+    ``_resolve_device_transfers``; ``L2TransferEngine``); the ops are the data-path reference ops.
+    """
+    import torch
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController as HCC
+    from sglang.srt.mem_cache.l2_transfer import L2TransferEngine
+
+    from datapath import layouts
+
+    plan = SimpleNamespace(device_pools=[draft]) if sidecar else None
+    group, _, extra_pools = layouts.host_stack("SIDECAR" if sidecar else "PACKED", plan, () if sidecar else [draft],
+                                               target, dcp)
+    ops.register_pool("target/device", target)
+    ops.register_pool("draft/device", draft)
+    for entry in group.entries:
+        ops.register_pool("target/host" if entry is group.anchor_entry else "draft/host", entry.host_pool)
+    ctl = SimpleNamespace(mem_pool_host=group, transfer_layer_id_max=layouts.TARGET_LAYERS)
+    ctl._l2_transfers = functools.partial(HCC._l2_transfers, ctl)
+    engine = L2TransferEngine(layouts.IO_BACKEND)
+    locs = req.prefix.clone()
+    host = group.alloc(len(locs))
+    transfers = group.resolve_host_transfers(extra_pools(), primary_device_indices=locs, primary_host_indices=host)
+    engine.submit_device_to_host(HCC._l2_transfers(ctl, host, locs, transfers))
+    scrub("mla", target)
+    scrub(draft_kind, draft)
+    page = PAGE * dcp
+    locs2 = torch.cat([torch.arange(p * page, (p + 1) * page) for p in LOAD_PAGES])
+    loads = HCC._resolve_device_transfers(ctl, extra_pools(), kv_device_indices=locs2, kv_host_indices=host)
+    engine.submit_host_to_device(HCC._l2_load_transfers(ctl, host, locs2, loads),
+                                 transfer_layer_id_max=layouts.TARGET_LAYERS)
+    # The tags still name the locs they were written for: relabel the restored rows with the new locs, so a
+    # read of a restored row is judged against the loc the request now holds there.
+    relabel(target, "mla", locs, locs2)
+    relabel(draft, draft_kind, locs, locs2)
+    req.set_prefix(locs2)
+    rewrite_window()
+
+
+def relabel(pool, kind: str, old, new) -> None:
+    """Rows holding the tag of old[i] get the tag of new[i] (HiCache moved bytes of the token, not of a loc)."""
+    import torch
+
+    m = {int(a) + 1: int(b) + 1 for a, b in zip(old.tolist(), new.tolist(), strict=True)}
+    bufs = pool.kv_buffer if kind == "mla" else [*pool.k_buffer, *pool.v_buffer]
+    for buf in bufs[:1]:
+        flat = buf.reshape(buf.shape[0], -1)
+        tags = (flat[:, 0].float() * 128 + flat[:, 1].float()).round().long()
+        for row, t in enumerate(tags.tolist()):
+            if t in m:
+                nt = m[t]
+                flat[row, 0], flat[row, 1] = float(nt // 128), float(nt % 128)
+    _ = torch
+
+
+# ---------------------------------------------------------------- flashinfer-MLA passes (NEXTN target & draft)
+
+
+FMB = "sglang.srt.layers.attention.flashinfer_mla_backend"
+
+
+def fi_mla_backend(pool, req: Request, *, draft: bool, skip_prefill: bool = False, tr=None):
+    import importlib
+
+    fmb = importlib.import_module(FMB)
+    stub_flashinfer(fmb)
+    tr = tr or translator_for(pool, req.req_to_token, draft=draft)
+    return fmb.FlashInferMLAAttnBackend(model_runner(pool, req.req_to_token, tr), skip_prefill=skip_prefill), tr
+
+
+def pass_extend_mla(pool, req: Request, dcp: int, rank: int, striped: bool, *, draft: bool, tr, target_tr) -> dict:
+    """A first EXTEND over a cached prefix: under DCP the prefix is gathered (``prepare_decode_context_parallel_metadata``,
+    as ``eager_runner`` calls it through the model's ``prepare_context_parallel_metadata_for_dcp``), then planned.
+    The plan: the target prefill's ``own_plan`` (``ForwardBatch.init_new``); a NextN draft's prefill takes the
+    target prefill's plan (``eagle_worker_v2`` hands ``kv_loc_plan`` to the draft's ``ForwardBatch.init_new``)."""
+    import torch
+    from sglang.srt.layers.dcp import planner
+    from sglang.srt.model_executor import forward_context
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be, _ = fi_mla_backend(pool, req, draft=draft, tr=tr)
+    S, E = req.S, DRAFT_TOKENS
+    md = None
+    if dcp > 1:
+        # the kernel eager_runner hands the model's prepare_context_parallel_metadata_for_dcp
+        from sglang.srt.model_executor.runner.eager_runner import create_chunked_prefix_cache_kv_indices
+        prev = forward_context.set_forward_context(SimpleNamespace(attn_backend=be))
+        try:
+            md = planner.prepare_decode_context_parallel_metadata(
+                seq_lens=torch.tensor([S + E], dtype=torch.int32), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
+                extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([E], dtype=torch.int32),
+                req_pool_indices=torch.tensor([0]), req_to_token=req.req_to_token, seq_lens_sum=S + E,
+                kv_buffer_shape=pool.get_kv_buffer_shape()[0] if hasattr(pool, "get_kv_buffer_shape")
+                else pool.kv_buffer[0].shape, kv_cache_dtype=torch.bfloat16, kv_cache_device="cpu",
+                create_chunked_prefix_cache_kv_indices_fn=create_chunked_prefix_cache_kv_indices)
+        finally:
+            forward_context.set_forward_context(prev)
+
+    def batch():
+        return fb(forward_mode=ForwardMode.EXTEND, **seqs(S + E),
+                  extend_prefix_lens=torch.tensor([S], dtype=torch.int32), extend_prefix_lens_cpu=[S],
+                  extend_seq_lens=torch.tensor([E], dtype=torch.int32), extend_seq_lens_cpu=[E], attn_dcp_metadata=md,
+                  out_cache_loc=torch.tensor(req.locs(S + E)[S:], dtype=torch.int64))
+    b = batch()
+    if draft and has_plans(target_tr):
+        target_batch = batch()
+        target_tr.own_plan(target_batch).bind(b, tr)
+        plan_where = f"the target prefill's {TR}.own_plan, bound to the draft batch (eagle_worker_v2)"
+    else:
+        plan_where = bind_own(b, tr)
+    be.init_forward_metadata(b)
+    ids = be.prefill_wrapper_paged.kernel_ids()
+    prefix = req.locs(S)
+    if md is None:  # no DCP: the kernel reads the pool at the planned ids (prefix + the extend tokens)
+        return with_plan(judge("mla", pool, ids, req.locs(S + E)), plan_where)
+    # Under DCP the pool read is the rank's prefix gather (get_mla_kv_buffer at dcp_local_prefix_kv_indices) ...
+    rows = [int(x) for x in md.dcp_local_prefix_kv_indices.tolist()]
+    verdict = judge("mla", pool, rows, owned(prefix, striped, dcp, rank),
+                    note="pool rows = dcp_local_prefix_kv_indices (the rank's gather)")
+    if verdict["verdict"] != "consistent":
+        return with_plan(verdict, plan_where)
+    # ... and the kernel reads the gathered buffer at dcp_kv_indices. sglang.srt.layers.dcp.comm.
+    # all_gather_kv_cache_for_dcp re-orders every rank's share to position order, then the extend tokens follow
+    # (all_gather_kv_cache_for_mla_extend); that collective is not run here (no process group): its documented
+    # order stands in, so only the index side is checked: the kernel must see positions 0..S+E-1 in order.
+    buffer = prefix + req.locs(S + E)[S:]
+    seen = [buffer[i] if 0 <= i < len(buffer) else None for i in ids]
+    if seen == req.locs(S + E):
+        verdict["detail"] += "; dcp_kv_indices read the gathered buffer in position order"
+        return with_plan(verdict, plan_where)
+    bad = [i for i, (a, b) in enumerate(zip(seen, req.locs(S + E), strict=False)) if a != b]
+    return with_plan({"verdict": "wrong-rows", "detail": f"the gathered buffer is read out of order at positions "
+                      f"{span(bad)}"}, plan_where)
+
+
+def eagle_draft_input(bs: int = 1):
+    import torch
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    spec = EagleDraftInput(topk_p=torch.ones(bs, 1), topk_index=torch.zeros(bs, 1, dtype=torch.long),
+                           hidden_states=torch.zeros(bs, 8))
+    spec.num_tokens_per_req = DRAFT_TOKENS
+    spec.num_correct_drafts = torch.full((bs,), DRAFT_TOKENS - 1, dtype=torch.int32)
+    return spec
+
+
+def _multistep(pool, req, dcp, tr):
+    import importlib
+
+    fmb = importlib.import_module(FMB)
+    stub_flashinfer(fmb)
+    return fmb.FlashInferMLAMultiStepDraftBackend(model_runner(pool, req.req_to_token, tr), topk=1,
+                                                  speculative_num_steps=STEPS)
+
+
+def _decode_batch(req, *, seq_len: int | None = None, out_cache_loc=None):
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    n = req.S if seq_len is None else seq_len
+    return fb(forward_mode=ForwardMode.DECODE, **seqs(n), positions=torch.tensor([n]),
+              input_ids=torch.zeros(1, dtype=torch.long), spec_info=eagle_draft_input(),
+              out_cache_loc=out_cache_loc)
+
+
+def _judge_steps(pool, wrappers, req, striped, dcp, rank, *, form: str) -> dict:
+    """Step i of the draft decode attends to the prefix and the i + 1 draft tokens written so far."""
+    results = []
+    for i, w in enumerate(wrappers):
+        want = owned(req.locs(req.S + i + 1), striped, dcp, rank)
+        results.append(judge("mla", pool, w.kernel_ids(), want))
+    for i, r in enumerate(results):
+        if r["verdict"] != "consistent":
+            return {"verdict": r["verdict"], "detail": f"step {i}: {r['detail']}"}
+    return {"verdict": "consistent", "detail": "; ".join(f"step {i}: {r['detail']}" for i, r in enumerate(results))}
+
+
+def _live_decode_batch(req, tr_d, tr_t):
+    """The draft-decode batch ``prepare_for_draft`` builds: the worker's window plan, columns [0, num_steps)."""
+    b = _decode_batch(req)
+    plan, where = eagle_window_plan(tr_t, req)
+    bind_plan(plan, b, tr_d, cols=slice(0, STEPS))
+    return b, plan, where
+
+
+def pass_draft_decode_eager(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
+    multi = _multistep(pool, req, dcp, tr_d)
+    b, _, where = _live_decode_batch(req, tr_d, tr_t)
+    multi.init_forward_metadata(b)
+    return with_plan(_judge_steps(pool, [x.decode_wrapper for x in multi.attn_backends], req, striped, dcp, rank,
+                                  form="eager"), where + ", columns [0, num_steps)")
+
+
+def pass_draft_decode_graph(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
+    import torch
+
+    multi = _multistep(pool, req, dcp, tr_d)
+    multi.init_cuda_graph_state(1, 1)
+    # capture: the runner's own buffers (seq_lens filled with 1, its out_cache_loc buffer)
+    cap = _decode_batch(req, seq_len=1, out_cache_loc=torch.zeros(STEPS, dtype=torch.int64))
+    cap_where = bind_runner_slots(cap, tr_d)
+    multi.init_forward_metadata_out_graph(cap, in_capture=True)
+    live, _, where = _live_decode_batch(req, tr_d, tr_t)  # replay: the live batch (its plan) is handed over
+    multi.init_forward_metadata_out_graph(live, in_capture=False)
+    return with_plan(_judge_steps(pool, [x.decode_cuda_graph_metadata[1] for x in multi.attn_backends], req,
+                                  striped, dcp, rank, form="graph"),
+                     f"{cap_where}; replay: {where}, columns [0, num_steps)")
+
+
+def pass_draft_extend_v2(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
+    """EAGLE v2's draft extend (``prepare_for_draft_extend``): ForwardMode.DRAFT_EXTEND_V2, planned by the draft
+    backend's ``init_forward_metadata`` straight away (no ``attn_dcp_metadata``: that is built by the eager runner).
+    Its plan: the iteration's (``verify_input.kv_loc_plan``, handed to ``ForwardBatch.init_new``)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be, _ = fi_mla_backend(pool, req, draft=True, tr=tr_d)
+    S, n = req.S, DRAFT_TOKENS
+    b = fb(forward_mode=ForwardMode.DRAFT_EXTEND_V2, **seqs(S), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
+           extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([n], dtype=torch.int32), extend_seq_lens_cpu=[n],
+           spec_info=eagle_draft_input())
+    plan, where = eagle_window_plan(tr_t, req)
+    bind_plan(plan, b, tr_d)
+    # "Forward sees post-write length": forward_batch.seq_lens += num_draft_tokens after init_new
+    b.seq_lens, b.seq_lens_cpu, b.seq_lens_sum = b.seq_lens + n, b.seq_lens_cpu + n, S + n
+    be.init_forward_metadata(b)
+    return with_plan(judge("mla", pool, be.prefill_wrapper_paged.kernel_ids(), owned(req.locs(S + n), striped, dcp,
+                                                                                        rank)), where)
+
+
+def verify_input(algorithm: str):
+    import torch
+
+    if algorithm == "DSPARK":
+        from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+
+        return make_draft_block_spec_info(draft_token_num=DRAFT_TOKENS, device="cpu")
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    n = DRAFT_TOKENS
+    return EagleVerifyInput(
+        draft_token=torch.zeros(n, dtype=torch.long), custom_mask=torch.ones(64 * n, dtype=torch.bool),
+        positions=torch.arange(n), retrieve_index=torch.arange(n)[None], retrieve_next_token=torch.full((1, n), -1),
+        retrieve_next_sibling=torch.full((1, n), -1), retrieve_cum_len=None, spec_steps=STEPS, topk=1,
+        draft_token_num=n, capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=0, seq_lens_cpu=None)
+
+
+def _verify_plan(algorithm, req, tr_t):
+    return dspark_window_plan(tr_t, req) if algorithm == "DSPARK" else eagle_window_plan(tr_t, req)
+
+
+def _verify_batch(req, spec, *, seq_len=None, out_cache_loc=None):
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    n = req.S if seq_len is None else seq_len
+    # A verify ForwardBatch carries extend_prefix_lens=None: ForwardBatch.init_new sets it only for extend modes
+    # other than TARGET_VERIFY, so the eager runner builds no attn_dcp_metadata for it.
+    return fb(forward_mode=ForwardMode.TARGET_VERIFY, **seqs(n), spec_info=spec,
+              positions=torch.arange(n, n + DRAFT_TOKENS), out_cache_loc=out_cache_loc)
+
+
+def pass_target_verify(pool, req, dcp, rank, striped, *, algorithm: str, tr_t) -> dict:
+    """TARGET_VERIFY eager: ``init_forward_metadata`` -> ``spec_info.generate_attn_arg_prefill``; the verify batch's plan
+    is the worker's window plan (``verify_input.kv_loc_plan``), bound with the target's translator."""
+    be, _ = fi_mla_backend(pool, req, draft=False, tr=tr_t)
+    S, n = req.S, DRAFT_TOKENS
+    spec = verify_input(algorithm)
+    b = _verify_batch(req, spec)
+    plan, where = _verify_plan(algorithm, req, tr_t)
+    spec.kv_loc_plan = plan
+    bind_plan(plan, b, tr_t)
+    be.init_forward_metadata(b)
+    return with_plan(judge("mla", pool, be.prefill_wrapper_verify.kernel_ids(), owned(req.locs(S + n), striped, dcp,
+                                                                                         rank)), where)
+
+
+def pass_target_verify_graph(pool, req, dcp, rank, striped, *, algorithm: str, tr_t) -> dict:
+    """TARGET_VERIFY in CUDA-graph form: ``init_cuda_graph_state``, capture (``init_forward_metadata_out_graph``
+    with ``in_capture=True`` on the runner's own buffers), then replay with the live batch: ``_apply_cuda_graph_metadata``
+    -> ``indices_updater_prefill.update`` -> ``call_begin_forward`` -> ``spec_info.generate_attn_arg_prefill``, into
+    the wrapper bound at capture (EAGLE's replay plans through ``fast_mla_prefill_plan``)."""
+    import torch
+
+    be, _ = fi_mla_backend(pool, req, draft=False, tr=tr_t)
+    S, n = req.S, DRAFT_TOKENS
+    be.init_cuda_graph_state(1, n)
+    cap_spec = verify_input(algorithm)
+    cap = _verify_batch(req, cap_spec, seq_len=1, out_cache_loc=torch.zeros(n, dtype=torch.int64))
+    cap_where = bind_runner_slots(cap, tr_t)
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    spec = verify_input(algorithm)
+    live = _verify_batch(req, spec)
+    plan, where = _verify_plan(algorithm, req, tr_t)
+    spec.kv_loc_plan = plan
+    bind_plan(plan, live, tr_t)
+    be.init_forward_metadata_out_graph(live, in_capture=False)
+    wrapper = be.prefill_cuda_graph_metadata[be._verify_graph_key(1, spec)] if hasattr(be, "_verify_graph_key") \
+        else be.prefill_cuda_graph_metadata[1]
+    return with_plan(judge("mla", pool, wrapper.kernel_ids(), owned(req.locs(S + n), striped, dcp, rank)),
+                     f"{cap_where}; replay: {where}")
+
+W_EXTEND = f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata -> FlashInferMLAIndicesUpdaterPrefill.call_begin_forward"
+W = {
+    "NEXTN": {
+        "EXTEND": "sglang.srt.layers.dcp.planner.prepare_decode_context_parallel_metadata "
+                  "(KVIndexTranslator.translate_dcp_read_ids on the rank's prefix), " + W_EXTEND + " (dcp_kv_indices)",
+        "DRAFT_DECODE_GRAPH": f"{FMB}.FlashInferMLAMultiStepDraftBackend.init_forward_metadata_out_graph -> "
+                              "common_template (sglang.srt.speculative.spec_utils.generate_draft_decode_kv_indices) -> "
+                              "FlashInferMLAAttnBackend._apply_cuda_graph_metadata -> "
+                              "FlashInferMLAIndicesUpdaterDecode.call_begin_forward (spec_info.kv_indices)",
+        "DRAFT_DECODE_EAGER": f"{FMB}.FlashInferMLAMultiStepDraftBackend.init_forward_metadata -> "
+                              "FlashInferMLAAttnBackend.init_forward_metadata -> "
+                              "FlashInferMLAIndicesUpdaterDecode.call_begin_forward (KVIndexTranslator.pack_read_stream, "
+                              "sglang.srt.layers.dcp.planner.plan_dcp_decode_metadata, "
+                              "KVIndexTranslator.translate_dcp_read_ids)",
+        "DRAFT_EXTEND": "sglang.srt.speculative.eagle_worker_common.prepare_for_draft_extend (DRAFT_EXTEND_V2) -> "
+                        + W_EXTEND + " (KVIndexTranslator.pack_read_stream)",
+        "TARGET_VERIFY_GRAPH": f"{FMB}.FlashInferMLAAttnBackend.init_cuda_graph_state -> "
+                               "init_forward_metadata_out_graph(in_capture=True) -> replay: init_forward_metadata_out_graph "
+                               "-> FlashInferMLAAttnBackend._apply_cuda_graph_metadata (is_target_verify) -> "
+                               "FlashInferMLAIndicesUpdaterPrefill.update -> call_begin_forward -> "
+                               "sglang.srt.speculative.eagle_info.EagleVerifyInput.generate_attn_arg_prefill "
+                               "(KVIndexTranslator.pack_read_stream) -> fast_mla_prefill_plan into the capture-bound "
+                               "wrapper",
+        "TARGET_VERIFY_EAGER": "sglang.srt.model_executor.runner.eager_runner (extend_prefix_lens is None on a verify "
+                               "batch: no attn_dcp_metadata) -> "
+                               f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata -> FlashInferMLAIndicesUpdaterPrefill."
+                               "update -> call_begin_forward -> sglang.srt.speculative.eagle_info.EagleVerifyInput."
+                               "generate_attn_arg_prefill (KVIndexTranslator.pack_read_stream)",
+    },
+}
+
+
+def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
+    case = Case("NEXTN", "DeepseekV3ForCausalLMNextN", "mla", "flashinfer_mla", "flashinfer_mla", dcp, rank)
+    passes: dict = {}
+    with on_rank(dcp, rank) as ops:
+        _, target, draft = pools("NEXTN", "mla")
+        req = Request(dcp)
+        tr_t = translator_for(target, req.req_to_token, draft=False)
+        tr_d = translator_for(draft, req.req_to_token, draft=True)
+
+        def write_all():
+            import torch
+
+            locs = torch.tensor(req.locs(req.S + len(req.window)))
+            write_mla(target, locs)
+            write_mla(draft, locs)
+
+        write_all()
+        striped_t = is_striped("mla", target, req.prefix, dcp, rank)
+        striped_d = is_striped("mla", draft, req.prefix, dcp, rank)
+        w = W["NEXTN"]
+
+        def run_all():
+            return {
+                "EXTEND": run_pass(lambda: pass_extend_mla(draft, req, dcp, rank, striped_d, draft=True, tr=tr_d,
+                                                           target_tr=tr_t), w["EXTEND"]),
+                "DRAFT_DECODE_GRAPH": run_pass(lambda: pass_draft_decode_graph(draft, req, dcp, rank, striped_d,
+                                                                               tr_d=tr_d, tr_t=tr_t),
+                                               w["DRAFT_DECODE_GRAPH"]),
+                "DRAFT_DECODE_EAGER": run_pass(lambda: pass_draft_decode_eager(draft, req, dcp, rank, striped_d,
+                                                                               tr_d=tr_d, tr_t=tr_t),
+                                               w["DRAFT_DECODE_EAGER"]),
+                "DRAFT_EXTEND": run_pass(lambda: pass_draft_extend_v2(draft, req, dcp, rank, striped_d, tr_d=tr_d,
+                                                                      tr_t=tr_t), w["DRAFT_EXTEND"]),
+                "TARGET_VERIFY_GRAPH": run_pass(lambda: pass_target_verify_graph(target, req, dcp, rank, striped_t,
+                                                                                 algorithm="NEXTN", tr_t=tr_t),
+                                                w["TARGET_VERIFY_GRAPH"]),
+                "TARGET_VERIFY_EAGER": run_pass(lambda: pass_target_verify(target, req, dcp, rank, striped_t,
+                                                                           algorithm="NEXTN", tr_t=tr_t),
+                                                w["TARGET_VERIFY_EAGER"]),
+            }
+
+        passes = run_all()
+        try:
+            def rewrite_window():
+                write_mla(target, req.window)
+                write_mla(draft, req.window)
+
+            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mla", sidecar=False,
+                               rewrite_window=rewrite_window)
+            after = run_all()
+        except Exception as exc:
+            after = {p: raised(exc) for p in PASSES}
+        for p in PASSES:
+            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+    return case, passes
+
+
+# ---------------------------------------------------------------- DSPARK (dense draft, replicated context)
+
+
+ATT = "sglang.srt.layers.attention"
+TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator"
+DSPARK_DRAFT_WHERE = {
+    "flashinfer": f"{ATT}.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata (TARGET_VERIFY) -> "
+                  "sglang.srt.speculative.dflash_info.DFlashVerifyInput.generate_attn_arg_prefill "
+                  f"({TRANSLATOR}.pack_read_stream)",
+    "fa3": f"{ATT}.flashattention_backend.FlashAttentionBackend.init_forward_metadata (TARGET_VERIFY, page_table) -> "
+           f"{TRANSLATOR}.read_table",
+    "triton": f"{ATT}.triton_backend.TritonAttnBackend.init_forward_metadata (TARGET_VERIFY) -> "
+              f"TritonAttnBackend._fill_kv_indptr_and_indices ({TRANSLATOR}.pack_read_stream)",
+    "trtllm_mha": f"{ATT}.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata (TARGET_VERIFY)",
+}
+DSPARK_DRAFT_FORWARD = ("sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer._run_forward "
+                        "(ForwardMode.TARGET_VERIFY on the draft runner) -> ")
+
+
+def draft_backend_choices() -> list[str] | None:
+    try:
+        from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES
+    except ImportError:
+        return None
+    return list(DRAFT_ATTENTION_BACKEND_CHOICES)
+
+
+def pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, *, tr_t=None) -> dict:
+    """The plan: ``alloc_verify_window``'s (target translator), bound to the draft block's batch with the draft's
+    translator, columns [0, query_token_num) (``DraftBlockProposer``)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    tr = translator_for(pool, req.req_to_token, draft=True)
+    plan, where = dspark_window_plan(tr_t, req)
+    b = fb(forward_mode=ForwardMode.TARGET_VERIFY, **seqs(req.S), positions=torch.arange(req.S, req.S + DSPARK_BLOCK))
+    bind_plan(plan, b, tr, cols=slice(0, DSPARK_BLOCK))
+    where += ", bound to the draft block's batch, columns [0, query_token_num)"
+    return with_plan(_pass_dspark_draft(backend, pool, req, dcp, rank, tr, b.kv_loc_plan), where)
+
+
+def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr, plan) -> dict:
+    """The DSPARK draft's block forward (ForwardMode.TARGET_VERIFY on the draft runner): the ids its backend's
+    metadata builder hands the kernel, over the replicated context (and the block, where the kernel reads it
+    from the cache)."""
+    import torch
+
+    S, n = req.S, DSPARK_BLOCK
+    rpi = torch.tensor([0])
+    seq_lens = torch.tensor([S], dtype=torch.int64)
+    if backend == "flashinfer":
+        spec = verify_input("DSPARK")
+        spec.draft_token_num = n
+        kv_indices, kv_indptr, _, _ = spec.generate_attn_arg_prefill(
+            req_pool_indices=rpi, paged_kernel_lens=seq_lens, paged_kernel_lens_sum=S, translator=tr, plan=plan)
+        ids = [int(x) for x in kv_indices[int(kv_indptr[0]):int(kv_indptr[1])].tolist()]
+        return judge("mha", pool, ids, req.locs(S + n))
+    if backend == "fa3":
+        table = tr.read_table(plan if plan is not None else SimpleNamespace(req_pool_indices=rpi), rows=1)
+        ids = [int(x) for x in table.ids[table.row_ids[0], :S + n].tolist()]  # cache_seqlens = seq_lens + draft tokens
+        return judge("mha", pool, ids, req.locs(S + n), note="page_table rows as the kernel indexes them (row = id)")
+    if backend == "triton":
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        be = SimpleNamespace(kv_index_translator=tr, kv_indptr=torch.zeros(2, dtype=torch.int32))
+        kv_indices = torch.empty(S, dtype=torch.int64)
+        kv_indptr = TritonAttnBackend._fill_kv_indptr_and_indices(be, plan, 1, seq_lens, rpi, kv_indices)
+        ids = [int(x) for x in kv_indices[int(kv_indptr[0]):int(kv_indptr[1])].tolist()]
+        # extend_attention_fwd takes the block's own K/V from the forward; the cache read is the prefix
+        return judge("mha", pool, ids, req.locs(S), note="the block's K/V come from the forward, not the cache")
+    return {"verdict": "not-run", "detail": f"{backend}: its backend object needs sglang's resolved server args "
+                                            "(get_exec/get_spec) and flashinfer's trtllm kernels to build; not driven on CPU"}
+
+
+def dspark_case(flag: str | None, dcp: int, rank: int) -> tuple[Case, dict]:
+    draft_backend = flag if flag is not None else default_draft_backend()
+    case = Case("DSPARK", "DSparkDraftModel", "mha", "flashinfer_mla", draft_backend, dcp, rank, draft_backend_flag=flag)
+    choices = draft_backend_choices()
+    if choices is not None and draft_backend not in choices:
+        msg = {"verdict": "not-admitted", "detail": f"--speculative-draft-attention-backend {draft_backend} is not in "
+               "sglang.srt.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES", "where": "arg_groups/choices.py"}
+        return case, {p: dict(msg, after_hicache=dict(msg)) for p in PASSES}
+    with on_rank(dcp, rank) as ops:
+        _, target, draft = pools("DSPARK", "mha")
+        req = Request(dcp)
+        tr_t = translator_for(target, req.req_to_token, draft=False)
+
+        def write_all(window_only: bool = False):
+            import torch
+
+            block = req.window[:DSPARK_BLOCK]
+            if not window_only:
+                write_mla(target, torch.tensor(req.locs(req.S)))
+                write_mha(draft, req.prefix)  # write_target_hidden_kv: the committed context
+            write_mla(target, req.window)
+            if draft_backend == "triton":  # the block's own tokens, through the draft backend's forward
+                write_mha_triton(draft, block, torch.arange(req.S, req.S + len(block)))
+            else:
+                write_mha(draft, block)
+
+        write_all()
+        striped_t = is_striped("mla", target, req.prefix, dcp, rank)
+        not_run = {"verdict": "not-run", "detail": "DSPARK has no draft decode: the draft runs one block forward per "
+                   "step (DraftBlockProposer._run_forward, ForwardMode.TARGET_VERIFY), recorded as DRAFT_EXTEND",
+                   "where": "sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer._run_forward"}
+
+        def run_all():
+            return {
+                "EXTEND": run_pass(lambda: pass_extend_mla(target, req, dcp, rank, striped_t, draft=False, tr=tr_t,
+                                                           target_tr=tr_t),
+                                   W["NEXTN"]["EXTEND"] + " (the target's prefill; the draft has no extend of its "
+                                   "own: models.dspark.DSparkDraftModel.write_target_hidden_kv writes its context)"),
+                "DRAFT_DECODE_GRAPH": dict(not_run),
+                "DRAFT_DECODE_EAGER": dict(not_run),
+                "DRAFT_EXTEND": run_pass(lambda: pass_dspark_draft(draft_backend, draft, req, dcp, rank, tr_t=tr_t),
+                                         DSPARK_DRAFT_FORWARD + DSPARK_DRAFT_WHERE[draft_backend]),
+                "TARGET_VERIFY_GRAPH": run_pass(lambda: pass_target_verify_graph(target, req, dcp, rank, striped_t,
+                                                                                 algorithm="DSPARK", tr_t=tr_t),
+                                                W["NEXTN"]["TARGET_VERIFY_GRAPH"].replace(
+                                                    "eagle_info.EagleVerifyInput", "dflash_info.DFlashVerifyInput")
+                                                .replace("fast_mla_prefill_plan", "the wrapper's own plan (no fast "
+                                                         "plan for DFLASH_VERIFY)")),
+                "TARGET_VERIFY_EAGER": run_pass(lambda: pass_target_verify(target, req, dcp, rank, striped_t,
+                                                                           algorithm="DSPARK", tr_t=tr_t),
+                                                W["NEXTN"]["TARGET_VERIFY_EAGER"].replace(
+                                                    "eagle_info.EagleVerifyInput", "dflash_info.DFlashVerifyInput")),
+            }
+
+        passes = run_all()
+        try:
+            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mha", sidecar=True,
+                               rewrite_window=lambda: write_all(window_only=True))
+            after = run_all()
+        except Exception as exc:
+            after = {p: raised(exc) for p in PASSES}
+        for p in PASSES:
+            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+    return case, passes
+
+
+# ---------------------------------------------------------------- all cases, the JSON, the doc
+
+
+def cases() -> list[tuple[str, str | None]]:
+    """(algorithm, --speculative-draft-attention-backend) pairs, each at every dcp, as rank 0 and the last rank;
+    None: the flag left unset (NEXTN's draft runs the target's backend; DSPARK's resolves to the release default)."""
+    return [("NEXTN", None)] + [("DSPARK", b) for b in DSPARK_DRAFT_BACKENDS]
+
+
+DEFAULT_RESOLVER = "sglang.srt.arg_groups.speculative_hook._resolve_dflash_draft_attention_backend"
+
+
+@functools.cache
+def default_draft_backend() -> str:
+    """What the release resolves DSPARK's draft backend to with the flag unset, on CUDA, for this map's target
+    (attention backend flashinfer_mla): ``_handle_dspark`` calls ``_resolve_dflash_draft_attention_backend``, run
+    here with the server args' resolution views standing in (the target's backends as ``attention_backends_of``
+    reports them)."""
+    from unittest import mock
+
+    from sglang.srt.arg_groups import overrides
+    from sglang.srt.arg_groups import speculative_hook as sh
+
+    args = SimpleNamespace(speculative_draft_attention_backend=None)
+    backends = lambda view: ("flashinfer_mla", "flashinfer_mla")  # noqa: E731
+    same = lambda a: a  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(overrides, "attention_backends_of", backends))
+        stack.enter_context(mock.patch.object(overrides, "resolved_view", same))
+        for name, value in (("attention_backends_of", backends), ("resolved_view", same), ("resolving_view", same),
+                            ("declare_resolution", lambda a, who, **kw: vars(a).update(kw))):
+            if hasattr(sh, name):
+                stack.enter_context(mock.patch.object(sh, name, value))
+        sh._resolve_dflash_draft_attention_backend(args)
+    return args.speculative_draft_attention_backend
+
+
+def set_up_failed(algorithm, flag, dcp, rank, exc) -> tuple[Case, dict]:
+    kind = "mla" if algorithm == "NEXTN" else "mha"
+    draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
+    if algorithm == "NEXTN":
+        backend = "flashinfer_mla"
+    else:
+        try:
+            backend = flag if flag is not None else default_draft_backend()
+        except Exception:
+            backend = flag
+    case = Case(algorithm, draft_class, kind, "flashinfer_mla", backend, dcp, rank, draft_backend_flag=flag)
+    r = raised(exc)
+    msg = {"verdict": "not-run", "detail": f"the harness could not build this release's pools/backends on CPU: "
+           f"{r['detail']}", "where": "test/spec/passmap.py (set-up)"}
+    return case, {p: dict(msg, after_hicache={"verdict": "not-run", "detail": msg["detail"]}) for p in PASSES}
+
+
+def measure(dcp_sizes=DCP_SIZES, only: list | None = None) -> list[dict]:
+    records = []
+    for algorithm, backend in (only or cases()):
+        for dcp in dcp_sizes:
+            for rank in sorted({0, dcp - 1}):
+                try:
+                    case, passes = (nextn_case(dcp, rank) if algorithm == "NEXTN" else dspark_case(backend, dcp, rank))
+                except Exception as exc:  # the release lacks an API the harness drives
+                    case, passes = set_up_failed(algorithm, backend, dcp, rank, exc)
+                records.append(case.record({p: passes[p] for p in PASSES}))
+    return records
+
+
+def sort_key(c: dict) -> tuple:
+    return (tuple(int(x) for x in c["release"].split(".")[:3]), c["algorithm"], c.get("draft_backend_flag") or "",
+            c["draft_backend"] or "", c["dcp"], c["rank"])
+
+
+def merge(old: dict | None, records: list[dict], rel: str) -> dict:
+    kept = [c for c in (old or {}).get("cases", []) if c["release"] != rel]
+    return {"generated_by": GENERATED_BY, "passes": list(PASSES), "cases": sorted(kept + records, key=sort_key)}
+
+
+def load() -> dict | None:
+    return json.loads(DATA.read_text(encoding="utf-8")) if DATA.exists() else None
+
+
+def cell(p: dict) -> str:
+    v, hc = p["verdict"], p.get("after_hicache", {}).get("verdict", "?")
+    return v if hc == v else f"{v} / after HiCache: {hc}"
+
+
+def flag_name(c: dict) -> str:
+    flag = c.get("draft_backend_flag")
+    return f"{flag}" if flag else f"default ({c['draft_backend']})"
+
+
+SEVERITY = {"raises": 0, "wrong-rows": 1, "not-admitted": 2, "consistent": 3, "not-run": 4}
+
+
+def worst_cell(ps: list[dict]) -> str:
+    v = min((p["verdict"] for p in ps), key=SEVERITY.get)
+    h = min((p.get("after_hicache", p)["verdict"] for p in ps), key=SEVERITY.get)
+    return v if v == h else f"{v} / after HiCache: {h}"
+
+
+def markdown(data: dict) -> str:
+    out = []
+    releases = sorted({c["release"] for c in data["cases"]}, key=lambda r: tuple(int(x) for x in r.split(".")[:3]))
+    for rel in releases:
+        rows = [c for c in data["cases"] if c["release"] == rel]
+        out += [f"### sglang {rel}", "", "Summary (worst over the ranks run; NEXTN and DSPARK at dcp 1 and 8):", "",
+                "| algorithm | draft-backend flag (backend) | dcp | " + " | ".join(PASSES) + " |",
+                "|---|---|---|" + "---|" * len(PASSES)]
+        for c in rows:
+            if c["rank"] != 0 or c["dcp"] not in (1, 8):
+                continue
+            peers = [d for d in rows if (d["algorithm"], d.get("draft_backend_flag"), d["dcp"])
+                     == (c["algorithm"], c.get("draft_backend_flag"), c["dcp"])]
+            out.append(f"| {c['algorithm']} | {flag_name(c)} | {c['dcp']} | "
+                       + " | ".join(worst_cell([d["passes"][p] for d in peers]) for p in PASSES) + " |")
+        out += ["", "| algorithm | draft (kind) | target / draft backend (flag) | dcp | rank | "
+                + " | ".join(PASSES) + " |", "|---|---|---|---|---|" + "---|" * len(PASSES)]
+        for c in rows:
+            out.append(f"| {c['algorithm']} | {c['draft_class']} ({c['draft_kind']}) | {c['target_backend']} / "
+                       f"{flag_name(c)} | {c['dcp']} | {c['rank']} | "
+                       + " | ".join(cell(c["passes"][p]) for p in PASSES) + " |")
+        out += ["", "Details (the largest dcp, last rank, of each case):", ""]
+        seen = set()
+        for c in reversed(rows):
+            k = (c["algorithm"], c.get("draft_backend_flag"))
+            if k in seen:
+                continue
+            seen.add(k)
+            out.append(f"- {c['algorithm']} / {flag_name(c)}, dcp {c['dcp']} rank {c['rank']}:")
+            for p in PASSES:
+                q = c["passes"][p]
+                out.append(f"  - {p}: **{q['verdict']}**: {q['detail']} (after HiCache: "
+                           f"{q['after_hicache']['verdict']}: {q['after_hicache']['detail']}). Where: `{q['where']}`")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_doc(data: dict) -> None:
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else f"# Speculative passes under DCP\n\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{markdown(data)}{END}{tail}", encoding="utf-8")
+
+
+def committed_for(rel: str) -> list[dict]:
+    return [c for c in (load() or {}).get("cases", []) if c["release"] == rel]
+
+
+def prepare() -> None:
+    """Before sglang is imported: Triton's interpreter (its kernels are decorated at import), quiet logs."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
+CONTROLS = ("shift-write", "no-translate")
+
+
+@contextlib.contextmanager
+def control(name: str) -> Iterator[None]:
+    """Negative controls: a one-row shift in the MLA write door, or no DCP read translation in the eager decode."""
+    saved = {}
+    this = sys.modules[__name__]
+    if name == "shift-write":
+        real = this.write_mla
+
+        def shifted(pool, locs):  # each loc's tag lands one physical row further (loc + dcp -> row + 1)
+            import torch
+            from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+            from sglang.srt.runtime_context import get_parallel
+
+            n = max(1, get_parallel().attn_dcp_size)
+            pool.set_mla_kv_buffer(LAYER, KVWriteLoc(locs + n, physical=True), *tag_values("mla", locs))
+            _ = (real, torch)
+
+        saved["write_mla"] = real
+        this.write_mla = shifted
+    elif name == "no-translate":
+        try:
+            from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        except ImportError:  # no translator in this release: nothing to remove
+            KVIndexTranslator = None
+        if KVIndexTranslator is not None and hasattr(KVIndexTranslator, "translate_dcp_read_ids"):  # absent before 0.5.22: nothing to remove
+            saved["translate"] = KVIndexTranslator.translate_dcp_read_ids
+            KVIndexTranslator.translate_dcp_read_ids = lambda self, ids: ids
+    else:
+        raise ValueError(name)
+    try:
+        yield
+    finally:
+        if "write_mla" in saved:
+            this.write_mla = saved["write_mla"]
+        if "translate" in saved:
+            from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+            KVIndexTranslator.translate_dcp_read_ids = saved["translate"]
+
+
+def main(argv: list[str]) -> int:
+    prepare()
+    if "--control" in argv:  # negative controls (comma-separated) on NEXTN at dcp 2 and 8: {name: records}
+        out = {}
+        for name in argv[argv.index("--control") + 1].split(","):
+            with control(name):
+                out[name] = measure(dcp_sizes=(2, 8), only=[("NEXTN", None)])
+        print(json.dumps({"release": release(), "controls": out}))
+        return 0
+    records = measure()
+    rel = release()
+    if "--json" in argv:
+        print(json.dumps(records, indent=1))
+        return 0
+    if "--check" in argv:
+        ok = sorted(records, key=sort_key) == sorted(committed_for(rel), key=sort_key)
+        print(f"sglang {rel}: {'matches' if ok else 'DIFFERS FROM'} {DATA.relative_to(REPO)}")
+        return 0 if ok else 1
+    data = merge(load(), records, rel)
+    if "--write" in argv:
+        DATA.parent.mkdir(parents=True, exist_ok=True)
+        DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_doc(data)
+    print(markdown({"cases": records}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""The pass map (test/spec/passmap.py): fresh for this run's tree, and able to see a wrong row.
+
+Each test runs the harness in a child process (Triton's interpreter must be switched on before Triton is
+imported, which an earlier test of the session may already have done), with PYTHONPATH on this run's tree.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The map is generated on the stock release trees (patches/trees.json runs test/spec there); the stock 0.5.17 run,
+# which takes all of test/, checks the schema only.
+TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
+MAP_TREES = ("upstream-0.5.18", "release-0.5.19", "release-0.5.20", "release-0.5.21", "release-0.5.22", "next-stock")
+on_a_mapped_tree = pytest.mark.skipif(
+    TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang 0.5.18 to 0.5.23 ({', '.join(MAP_TREES)}), not on {TREE}")
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "passmap.py"
+REPO = HERE.parents[1]
+DATA = REPO / "python" / "sglang_dcp_dspark" / "data" / "spec_passes.json"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=600)
+
+
+@functools.cache
+def _controls_run() -> dict:
+    """Both negative controls in one child (one sglang import), and this tree's release."""
+    out = _run("--control", "shift-write,no-translate")
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _release() -> str:
+    return _controls_run()["release"]
+
+
+def test_schema() -> None:
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    assert data["passes"] == ["EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND",
+                              "TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER"]
+    keys = {"release", "algorithm", "draft_class", "draft_kind", "target_backend", "draft_backend",
+            "draft_backend_flag", "target_kind", "dcp", "rank", "passes"}
+    verdicts = {"consistent", "wrong-rows", "raises", "not-admitted", "not-run"}
+    for case in data["cases"]:
+        assert set(case) == keys
+        assert case["target_kind"] == "mla"
+        if case["algorithm"] == "NEXTN":
+            assert case["draft_backend_flag"] is None
+        for name in data["passes"]:
+            p = case["passes"][name]
+            assert p["verdict"] in verdicts and p["after_hicache"]["verdict"] in verdicts
+            assert p["detail"] and p["where"]
+
+
+@on_a_mapped_tree
+def test_fresh_for_this_tree() -> None:
+    """The committed entries for this tree's release are what the harness measures now."""
+    release = _release()
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    if not any(c["release"] == release for c in data["cases"]):
+        pytest.fail(f"no committed pass-map entries for sglang {release}: run "
+                    f"PYTHONPATH=<tree> python test/spec/passmap.py --write")
+    out = _run("--check")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def _controls(name: str) -> list[dict]:
+    return _controls_run()["controls"][name]
+
+
+def _committed(release: str) -> dict:
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    return {(c["dcp"], c["rank"]): c for c in data["cases"]
+            if c["release"] == release and c["algorithm"] == "NEXTN"}
+
+
+@on_a_mapped_tree
+@pytest.mark.parametrize("control, passes", [
+    # a one-row shift in set_mla_kv_buffer's rows
+    ("shift-write", ("EXTEND", "DRAFT_DECODE_EAGER", "TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")),
+    # KVIndexTranslator.translate_dcp_read_ids removed
+    ("no-translate", ("DRAFT_DECODE_EAGER", "TARGET_VERIFY_GRAPH")),
+])
+def test_negative_control(control: str, passes: tuple[str, ...]) -> None:
+    """A pass the committed map calls consistent at dcp > 1 reads wrong rows once the write or read is broken."""
+    release = _release()
+    committed = _committed(release)
+    checked = 0
+    for case in _controls(control):
+        before = committed.get((case["dcp"], case["rank"]))
+        for name in passes:
+            if before is None or before["passes"][name]["verdict"] != "consistent":
+                continue  # only a formerly consistent pass says anything here
+            assert case["passes"][name]["verdict"] == "wrong-rows", (control, name, case["dcp"], case["rank"],
+                                                                      case["passes"][name])
+            checked += 1
+    if not checked:
+        pytest.skip(f"sglang {release}: no NEXTN pass is consistent at dcp > 1 in the committed map")

@@ -1,0 +1,114 @@
+"""passes: how a launch is looked up in the pass map and how its passes are reduced to one judgement.
+
+These run on a small map written here, so that each rule of the lookup is
+pinned (the map itself is generated from sglang's code and checked by
+test/spec). The verdict strings and the record shape are the generated map's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from sglang_dcp_dspark import passes
+
+
+def _case(algorithm, *, dcp=8, rank=0, flag=None, backend="fa3", kind="mha", target="flashinfer_mla", **verdicts):
+    names = ("EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND", "TARGET_VERIFY")
+    result = {}
+    for name in names:
+        verdict = verdicts.get(name, "consistent")
+        entry = {"verdict": verdict, "detail": f"{name} {verdict}", "where": f"sglang.{name.lower()}"}
+        after = verdicts.get(f"{name}_after")
+        if after:
+            entry["after_hicache"] = {"verdict": after, "detail": f"{name} after {after}"}
+        result[name] = entry
+    return {"release": "0.5.23", "algorithm": algorithm, "draft_class": "X", "draft_kind": kind,
+            "target_backend": target, "draft_backend": backend, "draft_backend_flag": flag,
+            "dcp": dcp, "rank": rank, "passes": result}
+
+
+@pytest.fixture
+def pass_map(tmp_path, monkeypatch):
+    cases = [
+        _case("DSPARK", rank=0), _case("DSPARK", rank=7, EXTEND_after="wrong-rows"),
+        _case("DSPARK", flag="triton", backend="triton", dcp=4, DRAFT_EXTEND="wrong-rows"),
+        _case("DSPARK", flag="triton", backend="triton"),
+        _case("DSPARK", target="fa3", rank=0),
+        _case("NEXTN", kind="mla", backend="flashinfer_mla", rank=7, TARGET_VERIFY="raises",
+              DRAFT_DECODE_GRAPH="wrong-rows"),
+        _case("NEXTN", kind="mla", backend="flashinfer_mla", rank=0, DRAFT_DECODE_GRAPH="consistent"),
+        _case("DSPARK", dcp=1),
+    ]
+    path = tmp_path / "spec_passes.json"
+    path.write_text(json.dumps({"passes": ["EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND",
+                                           "TARGET_VERIFY"], "cases": cases}))
+    monkeypatch.setattr(passes, "MAP", path)
+    return path
+
+
+def test_the_worst_rank_decides_each_pass(pass_map):
+    judged = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True)
+    assert judged.mapped
+    broken = {f.name: (f.verdict, f.rank) for f in judged.broken}
+    assert broken == {"TARGET_VERIFY": ("raises", 7), "DRAFT_DECODE_GRAPH": ("wrong-rows", 7)}
+    # Named in pass order, each with its backend and what the operator would see.
+    assert judged.summary().startswith("DRAFT_DECODE_GRAPH on flashinfer (the draft reads")
+    assert "TARGET_VERIFY on flashinfer (crashes)" in judged.summary()
+
+
+def test_eagle_with_the_targets_own_layer_is_judged_as_nextn(pass_map):
+    assert passes.judge("0.5.23", "EAGLE", dcp=8, own_layer=True).broken
+    # An external EAGLE draft on an MLA target shares the target's verify: judged by the family's cases.
+    assert passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False).broken
+
+
+def test_the_reads_after_a_load_back_count_only_with_hicache(pass_map):
+    assert not passes.judge("0.5.23", "DSPARK", dcp=8, own_layer=False).broken
+    (after,) = passes.judge("0.5.23", "DSPARK", dcp=8, own_layer=False, hicache=True).broken
+    assert (after.name, after.after_hicache) == ("EXTEND", True)
+    assert "after a HiCache load-back" in after.line()
+
+
+def test_a_draft_backend_flag_picks_its_own_cases_at_every_mapped_dcp(pass_map):
+    # Seen at dcp 4 only: the rows a wrong write hits depend on the loc layout, so it counts at dcp 8 too.
+    (broken,) = passes.judge("0.5.23", "DSPARK", dcp=8, own_layer=False, draft_backend="triton").broken
+    assert (broken.backend, broken.dcp) == ("triton", 4) and "acceptance collapses" in broken.consequence
+    assert "(dcp 4, rank 0)" in broken.line()
+
+
+def test_a_named_target_backend_picks_its_cases_and_an_unnamed_one_is_said(pass_map):
+    assert passes.judge("0.5.23", "DSPARK", dcp=8, own_layer=False, target_backend="fa3").findings
+    unnamed = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True)
+    assert "names no --attention-backend" in unnamed.summary() and "ran it on flashinfer" in unnamed.note
+    missing = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True, target_backend="cutedsl_mla")
+    assert not missing.mapped and "not cutedsl_mla" in missing.why_unmapped
+
+
+@pytest.mark.parametrize("version,algorithm,dcp,flag,why", [
+    ("0.5.17", "DSPARK", 8, None, "the map covers sglang 0.5.23, not 0.5.17"),
+    ("0.5.23", "DSPARK", 8, "flashmla", "not flashmla"),
+    ("0.5.23", "NGRAM", 8, None, "no NGRAM case"),
+])
+def test_what_the_map_does_not_cover_is_said_not_guessed(pass_map, version, algorithm, dcp, flag, why):
+    judged = passes.judge(version, algorithm, dcp=dcp, own_layer=False, draft_backend=flag)
+    assert not judged.mapped and not judged.broken and why in judged.summary()
+
+
+def test_no_dcp_or_no_draft_is_not_a_question_for_the_map(pass_map):
+    assert not passes.judge("0.5.23", "DSPARK", dcp=1, own_layer=False).mapped
+    assert not passes.judge("0.5.23", None, dcp=8, own_layer=False).mapped
+
+
+def test_refusal_follows_the_map_in_the_series_words(pass_map):
+    refuse = functools.partial(passes.refusal, "0.5.23", dcp=8, mla=True)
+    line = refuse("NEXTN", own_layer=True, target_backend="flashinfer", draft_backend=None)
+    assert line == passes.EAGLE_ON.format(dcp=8, algorithm="NEXTN", backend="flashinfer")
+    assert refuse("DSPARK", own_layer=False, target_backend="fa3", draft_backend="triton") == passes.TRITON_DRAFT.format(dcp=8)
+    # A target backend the map did not run is left to sglang; so is one whose passes are all consistent.
+    assert refuse("NEXTN", own_layer=True, target_backend="cutedsl_mla", draft_backend=None) is None
+    assert refuse("DSPARK", own_layer=False, target_backend="fa3", draft_backend=None) is None
+    assert passes.refusal("0.5.23", "NEXTN", dcp=1, own_layer=True, mla=True, target_backend="flashinfer",
+                          draft_backend=None) is None

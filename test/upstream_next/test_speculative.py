@@ -1,0 +1,185 @@
+"""Speculative decoding under DCP on 0.5.23, judged on the pass map: preflight, upstream-next 0008-0010, the plugin.
+
+preflight names the passes the map shows reading other rows on every tree,
+and never says PASSES for them; with the fix (the series or the plugin) the
+broken pairs the map ran are refused at argument time in the series' words.
+The plan check (0009, hardening: nothing admits a packed or an EAGLE draft
+under DCP + HiCache now) is tested on sglang's own pools with the plugin's
+words (:func:`hooks.hybrid_pool_assembler.check_draft_pools`), and the
+series' version through its own upstream-style tests (test_upstream_file.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_dcp_dspark import passes
+from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
+from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from trees import TREE
+
+# An external MLA draft: a one-layer DeepSeek-V3-shaped stand-in (test/data).
+MLA_DRAFT = str(Path(__file__).resolve().parents[1] / "data" / "deepseek-v3-mla-draft")
+DCP8 = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
+
+
+def preflight(*argv: str) -> tuple[int, dict]:
+    """preflight --json on this tree, as run: the series' code, the plugin's hooks, or on next-stock sglang alone."""
+    from sglang_dcp_dspark.__main__ import main
+
+    saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
+    if TREE == "next-stock":
+        os.environ[SWITCH_ENV] = "0"  # the installed plugin would fix the tree: stock is judged without it
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            code = main(["preflight", "--json", "--device-rows", "540000", "--", *argv])
+    finally:
+        os.environ.pop(SWITCH_ENV, None)
+        os.environ.update(saved)
+    return code, json.loads(out.getvalue())
+
+
+HICACHE = ("--enable-hierarchical-cache",)
+DSPARK = ("--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(DEFAULT_DRAFT))
+FLASHINFER = ("--attention-backend", "flashinfer")
+
+
+@pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])
+def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
+    """preflight -- --model-path <DeepSeek-V3> --tp 8 --dcp-size 8 [--enable-hierarchical-cache] --speculative-algorithm NEXTN.
+
+    On every 0.5.23 tree: stock admits it without HiCache (BROKEN PASS, exit 5);
+    the HiCache gate refuses it (exit 1). Either way the line names the passes
+    the map shows reading other rows.
+    """
+    code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN")
+    line = report["verdict"]["line"]
+    assert code == (1 if hicache else 5), line
+    assert re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
+    assert "DRAFT_DECODE_GRAPH on flashinfer" in line and "\n" not in line
+
+
+def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
+    """With --attention-backend flashinfer (MLA), the series' check and the plugin's hook refuse it in the same line."""
+    code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN")
+    if TREE == "next-stock":
+        assert code == 5 and report["stock"]["passed"]
+        return
+    assert code == 1
+    assert report["message"] == f"ValueError: {passes.EAGLE_ON.format(dcp=8, algorithm='EAGLE', backend='flashinfer')}"
+
+
+@pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])
+def test_dspark_with_the_default_draft_backend_reads_its_own_rows_in_the_drafts_passes(hicache):
+    """The dense DSparkDraftModel on the default draft backend: every draft pass consistent, with and without HiCache.
+
+    Its verify is the target's, and on flashinfer MLA the map shows it reading
+    other rows: the launch names no --attention-backend, so preflight judges
+    the target backends the map ran and says so.
+    """
+    code, report = preflight(*DCP8[:-1], *hicache, *DSPARK)
+    found = {p["name"]: p for p in report["passes"]["passes"]}
+    assert found["DRAFT_EXTEND"]["verdict"] == "consistent", found["DRAFT_EXTEND"]
+    assert {p["verdict"] for name, p in found.items() if name.startswith("TARGET_VERIFY")} == {"wrong-rows"}
+    assert code == 5 and "names no --attention-backend" in report["verdict"]["line"]
+
+
+def test_dspark_with_a_triton_draft_backend_is_refused_and_its_rows_named():
+    code, report = preflight(*DCP8[:-1], *DSPARK, "--speculative-draft-attention-backend", "triton")
+    triton = [p for p in report["passes"]["passes"] if p["backend"] == "triton" and p["verdict"] == "wrong-rows"]
+    assert triton and "reads rows" in triton[0]["detail"]
+    if TREE == "next-stock":
+        assert code == 5
+    else:
+        assert code == 1 and report["message"] == f"ValueError: {passes.TRITON_DRAFT.format(dcp=8)}"
+
+
+def _pools(dcp: int):
+    from sglang_dcp_dspark import sidecar
+
+    rank = sidecar.Rank(dcp, device_rows=64, page_size=16, target_layers=1)
+    return rank, sidecar.device_pools(rank)
+
+
+def _plan(mode: str, pools):
+    from sglang.srt.speculative.base_spec_worker import HiCacheDraftMode, HiCacheDraftPlan
+
+    return HiCacheDraftPlan(mode=getattr(HiCacheDraftMode, mode), device_pools=tuple(pools))
+
+
+def _params(packed=(), sidecars=()):
+    return SimpleNamespace(mtp_draft_device_pools=tuple(packed), sidecar_draft_device_pools=tuple(sidecars))
+
+
+def test_the_plan_check_admits_a_striped_packed_draft_and_refuses_the_rest():
+    """The plugin's plan check (0009's rule) on sglang's own pools at dcp 2: each refusal is one line naming the pair."""
+    from sglang.srt.runtime_context import get_context
+
+    from sglang_dcp_dspark import sidecar
+    from sglang_dcp_dspark.hooks.hybrid_pool_assembler import check_draft_pools
+
+    rank, pools = _pools(2)
+    with sidecar.on_rank(rank):
+        check_draft_pools(_params(packed=[pools.draft_device]))  # the NextN layer: striped like the target
+        check_draft_pools(_params(sidecars=[pools.draft_device]))  # no speculative algorithm published: DSPARK's way
+        replicated = SimpleNamespace(_write_loc_dcp_span=1)  # what a dcp_replicated (DSA) draft pool says
+        with pytest.raises(NotImplementedError) as caught:
+            check_draft_pools(_params(packed=[replicated]))
+        assert "cannot pack this draft" in str(caught.value) and "\n" not in str(caught.value)
+        for algorithm in ("EAGLE", "EAGLE3"):
+            with get_context().override_server_args(speculative_algorithm=algorithm), pytest.raises(NotImplementedError) as caught:
+                check_draft_pools(_params(sidecars=[pools.draft_device]))
+            assert "cannot back this EAGLE draft up in a host pool of its own" in str(caught.value)
+        with get_context().override_server_args(speculative_algorithm="DSPARK"):
+            check_draft_pools(_params(sidecars=[pools.draft_device]))
+
+
+def _estimates(dcp: int) -> tuple[int, int, int, int]:
+    """sglang's auto-size estimate for a packed and a sidecar plan of one draft, with the target's and the draft's bytes."""
+    from sglang.srt.mem_cache import hicache_auto_size
+
+    from sglang_dcp_dspark import sidecar
+
+    rank, pools = _pools(dcp)
+    with sidecar.on_rank(rank):
+        params = SimpleNamespace(token_to_kv_pool_allocator=SimpleNamespace(get_kvcache=lambda: pools.target_device),
+                                 req_to_token_pool=None, mtp_draft_device_pools=(pools.draft_device,))
+        packed = hicache_auto_size._estimate_hicache_bytes(params, _plan("PACKED", [pools.draft_device]))
+        sidecar_estimate = hicache_auto_size._estimate_hicache_bytes(params, _plan("SIDECAR", [pools.draft_device]))
+    target = hicache_auto_size._pool_bytes(pools.target_device)
+    draft = hicache_auto_size._pool_bytes(pools.draft_device)
+    stripe = draft * pools.target_device.size // pools.draft_device.size
+    return packed, sidecar_estimate, target, stripe
+
+
+@pytest.mark.regression
+def test_auto_size_prices_a_packed_draft_at_one_row_per_target_row():
+    """As the series' 0009 does it: a sidecar at dcp_size rows per target row, packed layers at one."""
+    packed, sidecar_estimate, target, stripe = _estimates(8)
+    assert packed == target + stripe
+    # The sidecar's row per logical slot: what patches/upstream-next 0002 prices and stock 0.5.23 does not.
+    assert sidecar_estimate == target + stripe * 8
+
+
+def test_preflight_prices_a_packed_draft_as_the_plugin_does():
+    """Preflight applies the hooks per module (hooks.in_effect): the estimate's hook, judged after _draft_bytes's, still goes in.
+
+    It follows the _draft_bytes entry; judged after that entry was patched, it
+    once saw the plugin's own hook, left the estimate alone, and a NEXTN launch
+    was auto-sized as if its packed layer were a sidecar (8 rows per target row).
+    """
+    from sglang_dcp_dspark import hooks
+
+    with hooks.in_effect(hooks.AUTO_SIZE) as found:
+        packed, sidecar_estimate, target, stripe = _estimates(8)
+    assert found[f"{hooks.AUTO_SIZE}._estimate_hicache_bytes"].verdict is found[f"{hooks.AUTO_SIZE}._draft_bytes"].verdict
+    assert (packed, sidecar_estimate) == (target + stripe, target + stripe * 8)
