@@ -142,6 +142,11 @@ def _algorithms(algorithm: str, own_layer: bool, target_mla: bool) -> tuple[str,
     return (algorithm,)
 
 
+def measured(release: str) -> bool:
+    """Did the map run any pass on this release (a verdict other than not-run)?"""
+    return any(p["verdict"] != NOT_RUN for c in load()["cases"] if c["release"] == release for p in c["passes"].values())
+
+
 def broken_kinds(release: str) -> tuple[str, ...]:
     """The launch kinds (algorithm, draft-backend flag) with a broken pass under DCP on a release, as the map has them."""
     kinds = []
@@ -203,6 +208,9 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     findings = _worst(flagged, hicache, dcp)
     if draft_side_only:
         findings = tuple(f for f in findings if f.name in DRAFT_PASSES)
+    if all(f.verdict == NOT_RUN for f in findings):
+        return Judgement(release, name, dcp, False, why_unmapped=f"the map ran no {name} pass on sglang {release} "
+                                                                  "(docs/spec-under-dcp.md says why)")
     return Judgement(release, name, dcp, True, findings, note=note)
 
 

@@ -304,7 +304,7 @@ def sidecar_carries(version: str | None) -> str | None:
         return None
     does = next((text for floor, text in SIDECAR_CARRIES if parsed >= parse_version(floor)), None)
     release = passes.release_key(version)
-    if release in passes.releases() and passes.broken_kinds(release):
+    if release in passes.releases() and passes.measured(release) and passes.broken_kinds(release):
         check = "refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows"
         does = f"{does}, and {check}" if does else check
     return does

@@ -44,6 +44,8 @@ def passes_verdict(original: Callable | None = None) -> Finding:
     release = passes.release_key(version)
     if release not in passes.releases():
         return Finding(SPECULATIVE, Verdict.OUT_OF_SCOPE, f"the pass map does not cover sglang {version}")
+    if not passes.measured(release):
+        return Finding(SPECULATIVE, Verdict.OUT_OF_SCOPE, f"the pass map ran no pass on sglang {release} yet")
     broken = passes.broken_kinds(release)
     if not broken:
         return Finding(SPECULATIVE, Verdict.FIXED, f"every pass the map ran on sglang {release} reads the rows it wrote")
