@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from sglang_dcp_dspark import rules, sizing
+from sglang_dcp_dspark.hooks import _common as hook_common
+from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
 
 GB = rules.GB  # --hicache-size is decimal GB (HostKVCache: host_size * 1e9), so every figure here is too
 DCP_SIZES = (1, 2, 4, 8, 16)
@@ -88,15 +90,14 @@ def registrations() -> tuple[Callable, Callable]:
     """The installed sglang's draft registration as shipped, and the same with the plugin's fix around it."""
     from sglang.srt.mem_cache import kv_cache_builder
 
-    from sglang_dcp_dspark import plugin
 
     # unwrap: if anything hooked the function in this process, measure the shipped one.
     stock = inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
-    verdict = plugin.registration_verdict(stock)
-    if verdict.verdict is not plugin.Verdict.NEEDS_FIX:
+    verdict = kv_cache_hooks.registration_verdict(stock)
+    if verdict.verdict is not hook_common.Verdict.NEEDS_FIX:
         # The "stock-0.5.17" column means nothing on a tree that is already fixed.
         raise SystemExit(f"host_memory: the installed registration is not stock 0.5.17's: {verdict}")
-    return stock, plugin.fixed_registration(stock)
+    return stock, kv_cache_hooks.fixed_registration(stock)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ def build_with_target_share(dcp: int, target_bytes: int, draft_kind: str = "mla"
     """Target sized by --hicache-size = target_bytes, draft by the fixed registration, as sglang builds them."""
     from sglang.srt.mem_cache import kv_cache_builder
 
-    from sglang_dcp_dspark.plugin import fixed_registration
+    from sglang_dcp_dspark.hooks.kv_cache_builder import fixed_registration
 
     g = hostpool.Geometry(dcp, hicache_size_gb=target_bytes / 1e9, draft_kind=draft_kind)
     return hostpool.build_pools(g, register=fixed_registration(kv_cache_builder.maybe_register_hicache_draft))

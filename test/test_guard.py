@@ -7,8 +7,9 @@ import inspect
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import guard, plugin
+from sglang_dcp_dspark import guard
 from sglang_dcp_dspark.errors import DcpDsparkError, StartupError
+from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +37,13 @@ def test_stock_sizing_at_dcp8_is_stopped_with_both_sizes(stock_registration, dra
 @pytest.mark.parametrize("draft_kind", ["mla", "mha"], ids=["mla-draft", "dense-dspark-draft"])
 @pytest.mark.parametrize("dcp", [1, 2, 8])
 def test_plugin_sizing_passes_the_guard(stock_registration, dcp, draft_kind):
-    fixed = plugin.fixed_registration(stock_registration)
+    fixed = kv_cache_hooks.fixed_registration(stock_registration)
     pair = hostpool.build_pools(hostpool.Geometry(dcp, draft_kind=draft_kind), register=fixed)  # the hook runs the guard itself
     assert pair.out_of_bounds_slots() == 0
 
 
 def test_plugin_hook_stops_a_deliberately_wrong_sizing(stock_registration, halved_draft_host_pool):
-    fixed = plugin.fixed_registration(stock_registration)
+    fixed = kv_cache_hooks.fixed_registration(stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall, match=r"dcp_size 4"):
         hostpool.build_pools(hostpool.Geometry(4), register=fixed)
 
@@ -94,6 +95,6 @@ def test_a_hook_shadowed_under_the_plugins_sizing_is_named(stock_registration):
         kwargs["tree_cache"] = object.__getattribute__(kwargs["tree_cache"], "_target")  # sees past the view
         return stock_registration(**kwargs)
 
-    hooked = plugin.fixed_registration(replaced)
+    hooked = kv_cache_hooks.fixed_registration(replaced)
     with pytest.raises(guard.DraftHostPoolTooSmall, match="another hook or edit replaced"):
         hostpool.build_pools(hostpool.Geometry(4), register=hooked)

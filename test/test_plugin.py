@@ -12,6 +12,14 @@ import pytest
 
 from sglang_dcp_dspark import decisions, plugin
 from sglang_dcp_dspark import series as series_mod
+from sglang_dcp_dspark.commands import status as status_command
+from sglang_dcp_dspark.hooks import _common as hook_common
+from sglang_dcp_dspark.hooks import hicache_auto_size as auto_size_hooks
+from sglang_dcp_dspark.hooks import hybrid_pool_assembler as assembler_hooks
+from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.hooks import scheduler as scheduler_hooks
+from sglang_dcp_dspark.hooks import server_args as server_args_hooks
+from sglang_dcp_dspark.hooks import speculative_hook as speculative_hooks
 
 PROBE = Path(__file__).parent / "plugin_probe.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -95,26 +103,26 @@ def _eagle_ok_dspark_not(server_args):
 @pytest.mark.parametrize(
     "resolve,want",
     [
-        (_admits_everything, plugin.Verdict.UNRECOGNISED),  # lets EAGLE through: not the gate we know
-        (_rejects_everything, plugin.Verdict.UNRECOGNISED),  # rejects a launch with no draft
-        (_reads_unknown_fields, plugin.Verdict.UNRECOGNISED),
-        (_eagle_ok_dspark_not, plugin.Verdict.UNRECOGNISED),
+        (_admits_everything, hook_common.Verdict.UNRECOGNISED),  # lets EAGLE through: not the gate we know
+        (_rejects_everything, hook_common.Verdict.UNRECOGNISED),  # rejects a launch with no draft
+        (_reads_unknown_fields, hook_common.Verdict.UNRECOGNISED),
+        (_eagle_ok_dspark_not, hook_common.Verdict.UNRECOGNISED),
     ],
 )
 def test_resolver_it_does_not_recognise_is_left_alone(resolve, want):
-    assert plugin.resolver_verdict(resolve).verdict is want
+    assert server_args_hooks.resolver_verdict(resolve).verdict is want
 
 
 def test_stock_and_patched_resolver_verdicts():
     from sglang.srt.server_args import ServerArgs
 
-    stock = plugin.resolver_verdict(ServerArgs._resolve_hicache_dcp_compatibility)
-    assert stock.verdict is plugin.Verdict.NEEDS_FIX
+    stock = server_args_hooks.resolver_verdict(ServerArgs._resolve_hicache_dcp_compatibility)
+    assert stock.verdict is hook_common.Verdict.NEEDS_FIX
 
     def patched(server_args):  # the same gate, the hook applied
-        return plugin.admit_dspark(ServerArgs._resolve_hicache_dcp_compatibility, server_args)
+        return server_args_hooks.admit_dspark(ServerArgs._resolve_hicache_dcp_compatibility, server_args)
 
-    assert plugin.resolver_verdict(patched).verdict is plugin.Verdict.FIXED
+    assert server_args_hooks.resolver_verdict(patched).verdict is hook_common.Verdict.FIXED
 
 
 def test_registration_it_does_not_recognise_is_left_alone():
@@ -124,8 +132,8 @@ def test_registration_it_does_not_recognise_is_left_alone():
     def registers_nothing(**kwargs):
         return None
 
-    assert plugin.registration_verdict(explodes).verdict is plugin.Verdict.UNRECOGNISED
-    assert plugin.registration_verdict(registers_nothing).verdict is plugin.Verdict.UNRECOGNISED
+    assert kv_cache_hooks.registration_verdict(explodes).verdict is hook_common.Verdict.UNRECOGNISED
+    assert kv_cache_hooks.registration_verdict(registers_nothing).verdict is hook_common.Verdict.UNRECOGNISED
 
 
 def test_unrecognised_code_gets_no_hook_and_one_warning(caplog, monkeypatch):
@@ -135,10 +143,10 @@ def test_unrecognised_code_gets_no_hook_and_one_warning(caplog, monkeypatch):
     monkeypatch.setattr(decisions, "_live", True)  # as after sglang's configure_logger
     target = "sglang_dcp_dspark.plugin.PLUGIN_NAME"
     before = list(HookRegistry._hooks.get(target, []))
-    unknown = lambda: plugin.Finding(target, plugin.Verdict.UNRECOGNISED, "probe said so")  # noqa: E731
+    unknown = lambda: hook_common.Finding(target, hook_common.Verdict.UNRECOGNISED, "probe said so")  # noqa: E731
     with caplog.at_level("INFO", logger="sglang_dcp_dspark.plugin"):
-        plugin._decide(target, unknown, plugin.admit_dspark)
-        plugin._decide(target, unknown, plugin.admit_dspark)
+        plugin._decide(target, unknown, server_args_hooks.admit_dspark)
+        plugin._decide(target, unknown, server_args_hooks.admit_dspark)
     assert HookRegistry._hooks.get(target, []) == before
     assert [r.levelname for r in caplog.records] == ["WARNING"]
     HookRegistry._hooks.pop(target, None)
@@ -176,10 +184,10 @@ def test_a_failing_registration_probe_gets_the_check_only_hook(registered, monke
 
     monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
-        plugin._hook(plugin.DRAFT_REGISTRATION, plugin.registration_verdict, plugin.size_draft_from_logical, False,
-                     plugin._check_only_if_needed())
-    assert plugin.findings[plugin.DRAFT_REGISTRATION].verdict is plugin.Verdict.UNRECOGNISED
-    assert [(t, h) for t, h, _ in registered] == [(plugin.DRAFT_REGISTRATION, plugin.check_draft_registration)]
+        plugin._hook(kv_cache_hooks.DRAFT_REGISTRATION, kv_cache_hooks.registration_verdict, kv_cache_hooks.size_draft_from_logical, False,
+                     kv_cache_hooks.check_only_if_needed())
+    assert plugin.findings[kv_cache_hooks.DRAFT_REGISTRATION].verdict is hook_common.Verdict.UNRECOGNISED
+    assert [(t, h) for t, h, _ in registered] == [(kv_cache_hooks.DRAFT_REGISTRATION, kv_cache_hooks.check_draft_registration)]
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "check-only hook" in caplog.records[0].getMessage()
 
 
@@ -189,13 +197,13 @@ def test_the_check_only_hook_stops_a_short_draft_pool_and_passes_a_correct_one(s
     import hostpool
     from sglang_dcp_dspark import guard
 
-    check_only = functools.partial(plugin.check_draft_registration, stock_registration)
+    check_only = functools.partial(kv_cache_hooks.check_draft_registration, stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
         hostpool.build_pools(hostpool.Geometry(4), register=check_only)
     assert "\n" not in str(caught.value) and guard.REMEDY[guard.Remedy.SERIES_MISSING] in str(caught.value)
     # A registration that sizes from logical_size (here the plugin's own) passes through unchanged.
-    fixed = plugin.fixed_registration(stock_registration)
-    pair = hostpool.build_pools(hostpool.Geometry(4), register=functools.partial(plugin.check_draft_registration, fixed))
+    fixed = kv_cache_hooks.fixed_registration(stock_registration)
+    pair = hostpool.build_pools(hostpool.Geometry(4), register=functools.partial(kv_cache_hooks.check_draft_registration, fixed))
     assert pair.out_of_bounds_slots() == 0
     assert hostpool.build_pools(hostpool.Geometry(1), register=check_only).out_of_bounds_slots() == 0  # dcp 1: stock is right
 
@@ -204,9 +212,9 @@ def test_no_check_only_hook_where_upstream_carries_the_fix(monkeypatch):
     from sglang_dcp_dspark import compat
 
     monkeypatch.setattr(compat, "installed_sglang_version", lambda: "0.5.18")
-    assert plugin._check_only_if_needed() is None
+    assert kv_cache_hooks.check_only_if_needed() is None
     monkeypatch.setattr(compat, "installed_sglang_version", lambda: None)  # unknown: fail closed
-    assert plugin._check_only_if_needed() is plugin.check_draft_registration
+    assert kv_cache_hooks.check_only_if_needed() is kv_cache_hooks.check_draft_registration
 
 
 @pytest.fixture
@@ -222,10 +230,10 @@ def pool_signature_from_a_later_release(monkeypatch):
 
 
 def test_an_unrecognised_pool_signature_is_a_verdict_not_an_exception(pool_signature_from_a_later_release, registered):
-    budget = plugin.budget_verdict()
-    assert budget.verdict is plugin.Verdict.UNRECOGNISED and "layout_hint_from_a_later_release" in budget.detail
-    assert plugin.registration_verdict().verdict is plugin.Verdict.UNRECOGNISED
-    plugin._hook(plugin.INIT_MEMORY_POOLS, plugin.budget_verdict, plugin.count_draft_in_budget, False)
+    budget = scheduler_hooks.budget_verdict()
+    assert budget.verdict is hook_common.Verdict.UNRECOGNISED and "layout_hint_from_a_later_release" in budget.detail
+    assert kv_cache_hooks.registration_verdict().verdict is hook_common.Verdict.UNRECOGNISED
+    plugin._hook(scheduler_hooks.INIT_MEMORY_POOLS, scheduler_hooks.budget_verdict, scheduler_hooks.count_draft_in_budget, False)
     assert registered == []  # no budget hook on code it cannot judge
 
 
@@ -233,8 +241,8 @@ def test_a_probe_that_raises_never_escapes_into_sglangs_import(registered):
     def judge():
         raise AttributeError("a module-level name from a later release")
 
-    plugin._hook(plugin.INIT_MEMORY_POOLS, judge, plugin.count_draft_in_budget, False)  # must not raise
-    assert plugin.findings[plugin.INIT_MEMORY_POOLS].verdict is plugin.Verdict.UNRECOGNISED and registered == []
+    plugin._hook(scheduler_hooks.INIT_MEMORY_POOLS, judge, scheduler_hooks.count_draft_in_budget, False)  # must not raise
+    assert plugin.findings[scheduler_hooks.INIT_MEMORY_POOLS].verdict is hook_common.Verdict.UNRECOGNISED and registered == []
 
 
 def test_probes_keep_sglangs_pool_lines_out_of_the_log(caplog):
@@ -245,8 +253,8 @@ def test_probes_keep_sglangs_pool_lines_out_of_the_log(caplog):
     assert any(r.name.startswith("sglang.") and "is allocated" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level("INFO"):
-        plugin.registration_verdict()
-        plugin.budget_verdict()
+        kv_cache_hooks.registration_verdict()
+        scheduler_hooks.budget_verdict()
     assert [r.getMessage() for r in caplog.records if r.name.startswith("sglang.")] == []
     import logging
 
@@ -350,7 +358,7 @@ class _Series:
     ],
 )
 def test_status_line(version, statuses, environ, says):
-    line = plugin.status_line(version, [_Series(*s) for s in statuses], environ)
+    line = status_command.status_line(version, [_Series(*s) for s in statuses], environ)
     assert line.startswith("plugin dcp_dspark") and says in line and "\n" not in line
 
 
@@ -390,18 +398,18 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     from sglang_dcp_dspark.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
 
     assert [h.target for h in hooks.HOOKS] == [
-        plugin.RESOLVER, plugin.DRAFT_REGISTRATION, plugin.INIT_MEMORY_POOLS,
-        plugin.KV_ONLY_STACK, plugin.KV_ONLY_GROUP, plugin.FULL_DRAFT_POOLS, plugin.DRAFT_BYTES, plugin.ESTIMATE,
-        plugin.SPECULATIVE,
+        server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,
+        assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP, assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
+        speculative_hooks.SPECULATIVE,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
-        plugin.admit_dspark, plugin.size_draft_from_logical, plugin.count_draft_in_budget,
+        server_args_hooks.admit_dspark, kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
         speculative_hook.refuse_broken_passes,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
-        plugin.resolver_verdict, plugin.registration_verdict, plugin.budget_verdict,
+        server_args_hooks.resolver_verdict, kv_cache_hooks.registration_verdict, scheduler_hooks.budget_verdict,
         hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict, hybrid_pool_assembler.guard_verdict,
         hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
         speculative_hook.passes_verdict,
@@ -410,7 +418,7 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
         assert h.target.startswith(h.module + ".") and h.does
         assert h.series_patch.startswith(("sglang-0.5.17/", "upstream-next/"))
         assert (REPO / "patches" / h.series_patch.split("/")[0]).is_dir()
-    assert hooks.BY_TARGET[plugin.DRAFT_REGISTRATION].check_only() is plugin._check_only_if_needed()
+    assert hooks.BY_TARGET[kv_cache_hooks.DRAFT_REGISTRATION].check_only() is kv_cache_hooks.check_only_if_needed()
 
 
 def test_the_hooks_import_no_plugin_module():

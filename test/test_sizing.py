@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import hostpool
-from sglang_dcp_dspark import plugin, sizing
+from sglang_dcp_dspark import sizing
+from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
 
 TARGET = sizing.MLAKV(layers=2, kv_lora_rank=512, qk_rope_head_dim=64)
 DRAFT = sizing.MLAKV(layers=1, kv_lora_rank=512, qk_rope_head_dim=64)
@@ -21,7 +22,7 @@ def registrations():
     from sglang.srt.mem_cache import kv_cache_builder
 
     stock = inspect.unwrap(kv_cache_builder.maybe_register_hicache_draft)
-    return stock, plugin.fixed_registration(stock)
+    return stock, kv_cache_hooks.fixed_registration(stock)
 
 
 @pytest.mark.parametrize("dcp,page,layout", [(1, 64, "layer_first"), (2, 64, "layer_first"), (8, 64, "layer_first"),

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import tree_table
-from sglang_dcp_dspark import plugin
+from sglang_dcp_dspark import hooks
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.commands._args import DEFAULT_SERIES
 
@@ -68,8 +68,8 @@ def test_series_headers_name_the_table_versions():
 
 
 def test_plugin_and_cli_name_the_table_versions():
-    assert VERSIONS["base"] == plugin.WRITTEN_FOR
-    assert VERSIONS["fixed_upstream"] == plugin.FIXED_UPSTREAM_IN
+    assert VERSIONS["base"] == hooks.WRITTEN_FOR
+    assert VERSIONS["fixed_upstream"] == hooks.FIXED_UPSTREAM_IN
     assert DEFAULT_SERIES == BACKPORT
 
 

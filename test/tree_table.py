@@ -115,14 +115,21 @@ def make_include() -> str:
     out.append("")
     for target, stamps in groups.items():
         out.append(f"{target}: {' '.join(stamps)}")
-    out += ["", f"TREE_TARGETS := {' '.join(groups)}", "", "define TREE_TESTS"]
+    out += ["", f"TREE_TARGETS := {' '.join(groups)}", "", "define TREE_TESTS", "rm -rf build/junit && mkdir -p build/junit"]
     for tree in TREES.values():
         if tree.status_first:
             out.append(f"$(CLI) status --target {tree.make_path}")
-        pythonpath = f" PYTHONPATH={tree.make_path}" if tree.dir else ""
-        out.append(f"DCP_DSPARK_TREE={tree.label}{pythonpath} $(PYTEST) {' '.join(tree.test_dirs)}")
-    out += ["endef", ""]
+        out.append(tree_run(tree))
+    # Every test ran and passed on at least one tree (test/every_test_ran.py reads the runs' JUnit files).
+    out += ["$(BIN)/python test/every_test_ran.py build/junit", "endef", ""]
     return "\n".join(out)
+
+
+def tree_run(tree) -> str:
+    """The pytest run of one tree in ``make test``, with its JUnit file for test/every_test_ran.py."""
+    pythonpath = f" PYTHONPATH={tree.make_path}" if tree.dir else ""
+    return (f"DCP_DSPARK_TREE={tree.label}{pythonpath} $(PYTEST) --junitxml=build/junit/{tree.label}.xml "
+            f"{' '.join(tree.test_dirs)}")
 
 
 def markdown(series: str) -> str:

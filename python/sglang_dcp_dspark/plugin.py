@@ -2,24 +2,11 @@
 
 Entry point ``dcp_dspark`` in the ``sglang.srt.plugins`` group; sglang's
 ``load_plugins()`` calls :func:`register` in the launcher, the Engine and every
-scheduler process. Its only effect is hooks registered with sglang's
-``HookRegistry``, one module per patched sglang module, listed in one table
-(:data:`hooks.HOOKS`, which preflight reads too):
-
-- :mod:`hooks.server_args`: an AROUND hook on
-  ``ServerArgs._resolve_hicache_dcp_compatibility`` that lets DSPARK through
-  the HiCache+DCP gate, refuses every other algorithm in series patch 0001's
-  words, and leaves every other gate to sglang;
-- :mod:`hooks.kv_cache_builder`: an AROUND hook on
-  ``maybe_register_hicache_draft`` that makes sglang's own registration size
-  the draft host pool from the target's ``logical_size``, then checks the
-  result with :mod:`guard` and logs what HiCache pins per rank;
-- :mod:`hooks.scheduler`: an AROUND hook on ``Scheduler.init_memory_pools``
-  that counts the draft host pool in ``--hicache-size`` and stops a launch
-  whose host pools cannot fit in free RAM (:mod:`budget`, :mod:`rules`);
-- here, an AFTER hook on sglang's ``configure_logger`` that changes nothing
-  and only writes the decisions above into the log once sglang has
-  configured it.
+scheduler process. This module does one job: it registers the entries of the
+one hook table (:data:`hooks.HOOKS`, which preflight reads too) with sglang's
+``HookRegistry`` when their sglang module is imported, and says what it
+decided (:mod:`decisions`). What each hook does lives in its carrier under
+:mod:`hooks`; what ``status`` says of the plugin, in :mod:`commands.status`.
 
 Each hook is registered only after asking the code it would patch how it
 behaves (the "probes"): a resolver that already admits DSPARK, or a
@@ -54,36 +41,7 @@ from collections.abc import Callable
 from . import decisions, switch
 from .hooks import BY_TARGET, HOOKS, Hook
 
-# Names sglang's entry point, preflight and the tests reach through this
-# module. Looked up on first use (PEP 562): load_plugins() runs register() in
-# every sglang process, which needs none of them.
-_LAZY = {
-    "DRAFT_REGISTRATION": "hooks.kv_cache_builder", "check_draft_registration": "hooks.kv_cache_builder",
-    "fixed_registration": "hooks.kv_cache_builder", "logical_rows_view": "hooks.kv_cache_builder",
-    "registration_verdict": "hooks.kv_cache_builder", "size_draft_from_logical": "hooks.kv_cache_builder",
-    "INIT_MEMORY_POOLS": "hooks.scheduler", "budget_verdict": "hooks.scheduler", "count_draft_in_budget": "hooks.scheduler",
-    "DSPARK_ONLY": "hooks.server_args", "RESOLVER": "hooks.server_args", "admit_dspark": "hooks.server_args",
-    "resolver_verdict": "hooks.server_args",
-    "KV_ONLY_STACK": "hooks.hybrid_pool_assembler", "KV_ONLY_GROUP": "hooks.hybrid_pool_assembler",
-    "FULL_DRAFT_POOLS": "hooks.hybrid_pool_assembler", "DRAFT_BYTES": "hooks.hicache_auto_size",
-    "ESTIMATE": "hooks.hicache_auto_size", "SPECULATIVE": "hooks.speculative_hook",
-    "FIXED_UPSTREAM_IN": "hooks._common", "WRITTEN_FOR": "hooks._common", "Finding": "hooks._common",
-    "Overlay": "hooks._common", "Verdict": "hooks._common", "by_version": "hooks._common",
-    "version_at_least": "hooks._common",
-}
-_RENAMED = {"_check_only_if_needed": ("hooks.kv_cache_builder", "check_only_if_needed")}
-
-
-def __getattr__(name: str):
-    if name in _LAZY or name in _RENAMED:
-        module, attr = _RENAMED.get(name, (_LAZY.get(name), name))
-        value = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["HOOKS", "handles", "register", "status_line", *sorted(_LAZY)]
+__all__ = ["HOOKS", "register"]
 
 PLUGIN_NAME = switch.PLUGIN_NAME
 
@@ -97,15 +55,6 @@ _source = None
 
 
 # ------------------------------------------------------------------ register
-
-
-def handles(version: str | None) -> bool:
-    """Is this the release the 0.5.17 hooks were written for (any post or local build of it)?"""
-    from .compat import parse_version
-    from .hooks._common import WRITTEN_FOR
-
-    parsed = parse_version(version)
-    return parsed is not None and parsed.release[:3] == parse_version(WRITTEN_FOR).release[:3]
 
 
 def _exists(target: str) -> bool:
@@ -266,86 +215,3 @@ def _hook_from_table(hook: Hook, late: bool) -> None:
         decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {hook.target} alone: {type(exc).__name__}: {exc}")
         return
     _hook(hook.target, hook.judged, around, late, check_only)
-
-
-# ------------------------------------------------------------------ status
-
-
-# What the plugin carries on each release after the upstream fix, as its
-# judges find the code there (the per-release plugin tests hold the two to
-# each other): the sidecar guard from 0.5.19, the auto-size fix from 0.5.21
-# (where hicache_auto_size appears), the budget from 0.5.23 (where the stack
-# first sees the draft sidecar) and the NextN (MTP) admission with its plan
-# check from 0.5.23 (whose CacheInitParams carries the draft plans the check
-# reads). The sharded draft
-# backup stays series-only.
-SIDECAR_CARRIES = (
-    ("0.5.23", "counts the draft sidecar in --hicache-size, prices the draft sidecar in auto-sizing, stops a short "
-               "draft sidecar at startup and checks each draft plan against its DCP layout"),
-    ("0.5.21", "prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup (the budget needs "
-               "0.5.23's CacheInitParams)"),
-    ("0.5.19", "stops a short draft sidecar at startup (no auto-sizing before 0.5.21; the budget needs 0.5.23's CacheInitParams)"),
-)
-SIDECAR_FROM = "0.5.19"
-
-
-def sidecar_carries(version: str | None) -> str | None:
-    """What the hooks do on this release after the upstream fix, or None where they have nothing to hook.
-
-    The sidecar hooks by release (:data:`SIDECAR_CARRIES`); the speculative
-    check wherever the pass map shows a launch kind that reads other rows
-    under DCP (:func:`passes.broken_kinds`).
-    """
-    from . import passes
-    from .compat import parse_version
-
-    parsed = parse_version(version)
-    if parsed is None or parsed.release[:2] != (0, 5):
-        return None
-    does = next((text for floor, text in SIDECAR_CARRIES if parsed >= parse_version(floor)), None)
-    release = passes.release_key(version)
-    if release in passes.releases() and passes.measured(release) and passes.broken_kinds(release):
-        check = "refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows"
-        does = f"{does}, and {check}" if does else check
-    return does
-
-
-def status_line(version: str | None, series_statuses=(), environ=None) -> str:
-    """One line for ``sglang-dcp-dspark status``: what the plugin does for this tree at run time, and what only a series would.
-
-    Judged from the version and the environment, without importing the tree;
-    at start-up the hooks judge the code itself. ``series_statuses`` (from
-    ``series.inspect``) say whether a series is in the tree or would apply.
-    """
-    import os
-
-    from .hooks._common import FIXED_UPSTREAM_IN, version_at_least
-
-    state = switch.plugin_state(os.environ if environ is None else environ)
-    label = f"{'plugin ' + PLUGIN_NAME:<22} {('enabled' if state.enabled else 'off'):<18}"
-    applied = [s.series.name for s in series_statuses if s.state.value == "applied"]
-    applicable = [s.series.name for s in series_statuses if s.state.value == "applicable"]
-    series_fix = (
-        f"`sglang-dcp-dspark apply --series {applicable[0]}`" if applicable else "no series here applies to this release"
-    )
-    if applied:
-        return f"{label} series {', '.join(applied)} applied; the plugin stands aside"
-    if version_at_least(version, FIXED_UPSTREAM_IN):
-        carries = sidecar_carries(version)
-        also = f"; series {applicable[0]} also applies: {series_fix}" if applicable else ""
-        if carries is None:
-            return f"{label} sglang {version} carries the fix upstream; the plugin leaves it alone{also}"
-        if not switch.entry_point_installed():
-            return (f"{label} sglang {version} carries the fix upstream; the dcp_dspark entry point is not installed "
-                    f"(pip install sglang-dcp-dspark), so nothing {carries.split(' (')[0]}{also}")
-        if not state.enabled:
-            return (f"{label} sglang {version} carries the fix upstream; {state.reason}, so the plugin's sidecar "
-                    f"hooks are off: {switch.TURN_ON}{also}")
-        return f"{label} sglang {version} carries the fix upstream; at run time the plugin {carries}{also}"
-    if not handles(version):
-        return f"{label} the plugin does not handle sglang {version or 'of unknown version'}; only a series would do: {series_fix}"
-    if not switch.entry_point_installed():
-        return f"{label} the dcp_dspark entry point is not installed (pip install sglang-dcp-dspark); only the series would do: {series_fix}"
-    if not state.enabled:
-        return f"{label} {state.reason}; only the series would do: {series_fix}, or turn the plugin on: {switch.TURN_ON}"
-    return f"{label} fixed at run time by the plugin (series not needed)"

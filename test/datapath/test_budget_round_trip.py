@@ -16,6 +16,7 @@ from datapath import matrix, scenarios
 from datapath.conftest import PLUGIN_TREES, plan
 from datapath.harness import case_from
 from sglang_dcp_dspark import rules
+from sglang_dcp_dspark.hooks import _common as hook_common
 from trees import TREE
 
 KV_ONLY_STACK = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_kv_only_stack"
@@ -50,4 +51,4 @@ def test_round_trip_with_hicache_size_is_byte_exact(planned):
         # The shrink above is the plugin's: its hook on the stack is what split the budget.
         from sglang_dcp_dspark import plugin
 
-        assert plugin.findings[KV_ONLY_STACK].verdict is plugin.Verdict.NEEDS_FIX, plugin.findings.get(KV_ONLY_STACK)
+        assert plugin.findings[KV_ONLY_STACK].verdict is hook_common.Verdict.NEEDS_FIX, plugin.findings.get(KV_ONLY_STACK)

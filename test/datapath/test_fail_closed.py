@@ -10,6 +10,7 @@ import pytest
 from datapath.harness import Case
 from datapath.scenarios import round_trip
 from sglang_dcp_dspark import _probes, decisions, guard, plugin
+from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
 from trees import TREE
 
 pytestmark = pytest.mark.skipif(
@@ -30,9 +31,9 @@ def hook_the_plugin_picks(monkeypatch):
     def decide():
         # Judged on sglang's own function: under DCP_DSPARK_TREE=plugin the module attribute is already hooked.
         def judge():
-            return plugin.registration_verdict(stock_registration())
+            return kv_cache_hooks.registration_verdict(stock_registration())
 
-        plugin._hook(plugin.DRAFT_REGISTRATION, judge, plugin.size_draft_from_logical, False, plugin._check_only_if_needed())
+        plugin._hook(kv_cache_hooks.DRAFT_REGISTRATION, judge, kv_cache_hooks.size_draft_from_logical, False, kv_cache_hooks.check_only_if_needed())
         (hook,) = picked
         return hook
 
@@ -62,7 +63,7 @@ def test_injected_probe_failure_stops_at_startup(hook_the_plugin_picks, monkeypa
     monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     hook = hook_the_plugin_picks()
     monkeypatch.undo()  # the launch itself builds real pools
-    assert hook is plugin.check_draft_registration
+    assert hook is kv_cache_hooks.check_draft_registration
     outcome = launch(hook, dcp)
     assert outcome.startswith("draft HiCache host pool has ") and "\n" not in outcome
     assert outcome.endswith(guard.REMEDY[guard.Remedy.SERIES_MISSING])
@@ -79,17 +80,17 @@ def test_unrecognised_pool_signature_stops_at_startup(hook_the_plugin_picks, mon
     with monkeypatch.context() as probe_only:
         probe_only.setattr(memory_pool.MLATokenToKVPool, "__init__", init)
         hook = hook_the_plugin_picks()
-    assert hook is plugin.check_draft_registration
+    assert hook is kv_cache_hooks.check_draft_registration
     assert launch(hook, 2).startswith("draft HiCache host pool has ")
 
 
 @pytest.mark.parametrize("dcp", [1, 2, 4])
 def test_recognised_code_is_hooked_and_byte_exact(hook_the_plugin_picks, dcp):
     hook = hook_the_plugin_picks()
-    assert hook is plugin.size_draft_from_logical
+    assert hook is kv_cache_hooks.size_draft_from_logical
     assert launch(hook, dcp) == "byte-exact"
 
 
 def test_check_only_passes_a_correct_pool_through_byte_exact():
-    sized = plugin.fixed_registration(stock_registration())
-    round_trip(Case(dcp_size=4), register=functools.partial(plugin.check_draft_registration, sized))
+    sized = kv_cache_hooks.fixed_registration(stock_registration())
+    round_trip(Case(dcp_size=4), register=functools.partial(kv_cache_hooks.check_draft_registration, sized))

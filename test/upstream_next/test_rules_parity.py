@@ -21,6 +21,7 @@ from unittest import mock
 import pytest
 
 from sglang_dcp_dspark import rules
+from sglang_dcp_dspark.hooks import _common as hook_common
 
 from . import pools as P
 
@@ -43,7 +44,7 @@ def _the_split():
     from sglang_dcp_dspark import plugin
 
     finding = plugin.findings.get("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_kv_only_stack")
-    if finding is not None and finding.verdict is plugin.Verdict.NEEDS_FIX:
+    if finding is not None and finding.verdict is hook_common.Verdict.NEEDS_FIX:
         from sglang_dcp_dspark.hooks import hybrid_pool_assembler as carrier
 
         return carrier, "target_hicache_size"

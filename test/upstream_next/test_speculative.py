@@ -31,12 +31,12 @@ MLA_DRAFT = str(Path(__file__).resolve().parents[1] / "data" / "deepseek-v3-mla-
 DCP8 = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
 
 
-def preflight(*argv: str) -> tuple[int, dict]:
+def preflight(*argv: str, plugin_off: bool = False) -> tuple[int, dict]:
     """preflight --json on this tree, as run: the series' code, the plugin's hooks, or on next-stock sglang alone."""
     from sglang_dcp_dspark.__main__ import main
 
     saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
-    if TREE == "next-stock":
+    if TREE == "next-stock" or plugin_off:
         os.environ[SWITCH_ENV] = "0"  # the installed plugin would fix the tree: stock is judged without it
     out = io.StringIO()
     try:
@@ -76,6 +76,16 @@ def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
         return
     assert code == 1
     assert report["message"] == f"ValueError: {passes.EAGLE_ON.format(dcp=8, algorithm='EAGLE', backend='flashinfer')}"
+
+
+def test_the_plugins_off_switch_turns_the_refusal_off():
+    """SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0: the plugin refuses nothing, and preflight still names the broken passes."""
+    code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN", plugin_off=True)
+    assert not report["plugin"]["enabled"]
+    if TREE == "next-patched":  # the series refuses it in sglang's own code, whatever the plugin's switch says
+        assert code == 1
+    else:
+        assert code == 5 and report["passed"] and "TARGET_VERIFY" in report["verdict"]["line"]
 
 
 @pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])

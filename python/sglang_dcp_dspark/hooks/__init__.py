@@ -96,6 +96,11 @@ class Hook:
         return finding, hooked
 
 
+# The releases the table is written against: the one the 0.5.17 hooks were written for and tested on, and the
+# first that carries PR #35221 upstream. Release literals live here and in releases/ only.
+WRITTEN_FOR = "0.5.17"
+FIXED_UPSTREAM_IN = "0.5.18"
+
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
 SPECULATIVE_MODULE = "sglang.srt.arg_groups.speculative_hook"
@@ -190,6 +195,17 @@ HOOKS: tuple[Hook, ...] = (
     ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
+
+# What the sidecar entries carry from the release where their sglang code first needs them, in the order
+# ``status`` names them: (first release, the entry, what it does there, why a release before it has nothing of it).
+# The per-release plugin tests hold this to the judges (test/releases/test_plugin_decisions.py).
+SIDECAR_CARRIES: tuple[tuple[str, str, str, str], ...] = (
+    ("0.5.23", f"{ASSEMBLER}.build_kv_only_stack", "counts the draft sidecar in --hicache-size",
+     "the budget needs 0.5.23's CacheInitParams"),
+    ("0.5.21", f"{AUTO_SIZE}._draft_bytes", "prices the draft sidecar in auto-sizing", "no auto-sizing before 0.5.21"),
+    ("0.5.19", f"{ASSEMBLER}.build_full_draft_pools", "stops a short draft sidecar at startup", ""),
+    ("0.5.23", f"{ASSEMBLER}.build_kv_only_stack", "checks each draft plan against its DCP layout", ""),
+)
 
 
 @contextlib.contextmanager

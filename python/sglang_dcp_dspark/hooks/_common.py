@@ -7,10 +7,6 @@ import enum
 import logging
 from collections.abc import Iterator
 
-FIXED_UPSTREAM_IN = "0.5.18"
-# The release whose code the hooks were written against and tested on.
-WRITTEN_FOR = "0.5.17"
-
 
 class Verdict(enum.Enum):
     NEEDS_FIX = "needs the fix"
@@ -94,6 +90,7 @@ def version_at_least(version: str | None, floor: str) -> bool:
 def by_version(target: str, why: str) -> Finding:
     """Behaviour was inconclusive: a release that carries the fix upstream is fine, anything else is unknown."""
     from ..compat import installed_sglang_version
+    from . import FIXED_UPSTREAM_IN
 
     version = installed_sglang_version()
     if version_at_least(version, FIXED_UPSTREAM_IN):

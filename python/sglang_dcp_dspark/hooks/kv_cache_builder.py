@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from ._common import FIXED_UPSTREAM_IN, Finding, Overlay, Verdict, by_version, first_call, probing, version_at_least
+from . import FIXED_UPSTREAM_IN
+from ._common import Finding, Overlay, Verdict, by_version, first_call, probing, version_at_least
 
 MODULE = "sglang.srt.mem_cache.kv_cache_builder"
 DRAFT_REGISTRATION = f"{MODULE}.maybe_register_hicache_draft"

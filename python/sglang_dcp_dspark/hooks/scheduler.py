@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._common import FIXED_UPSTREAM_IN, WRITTEN_FOR, Finding, Verdict, first_call, probing, version_at_least
+from . import FIXED_UPSTREAM_IN, WRITTEN_FOR
+from ._common import Finding, Verdict, first_call, probing, version_at_least
 
 MODULE = "sglang.srt.managers.scheduler"
 INIT_MEMORY_POOLS = f"{MODULE}.Scheduler.init_memory_pools"

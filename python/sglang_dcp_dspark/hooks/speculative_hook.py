@@ -8,7 +8,7 @@ EAGLE family's verify and draft passes on an MLA model crash or read other
 tokens' KV, and a DSPARK draft on the Triton backend reads other rows. The
 AROUND hook runs sglang's own resolution first, then asks the map about the
 launch as resolved, and raises one ValueError line, as sglang's own
-argument checks do. ``SGLANG_DCP_DSPARK=0`` turns it off with the rest of
+argument checks do. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0`` turns it off with the rest of
 the plugin.
 
 The judge reads the map, not the version: a release the map does not cover

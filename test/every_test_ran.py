@@ -1,0 +1,51 @@
+"""After every tree's run of ``make test``: each test ran and passed on at least one tree.
+
+``make test`` runs pytest once per tree of patches/trees.json, each writing a
+JUnit file under build/junit (one per tree label). A test skipped on every
+tree, or one that failed or was only ever an expected failure, tests nothing
+anywhere; this check names it. A strict xfail counts as having run (it
+describes the defect on a stock tree), but some tree must also pass it.
+
+    python test/every_test_ran.py build/junit
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def outcomes(junit_dir: Path) -> dict[str, dict[str, str]]:
+    """test id -> {tree label: passed | xfailed | skipped | failed}."""
+    seen: dict[str, dict[str, str]] = {}
+    for path in sorted(junit_dir.glob("*.xml")):
+        for case in ET.parse(path).getroot().iter("testcase"):
+            test = f"{case.get('classname')}::{case.get('name')}"
+            children = {child.tag: child for child in case}
+            if "failure" in children or "error" in children:
+                outcome = "failed"
+            elif "skipped" in children:
+                outcome = "xfailed" if children["skipped"].get("type") == "pytest.xfail" else "skipped"
+            else:
+                outcome = "passed"
+            seen.setdefault(test, {})[path.stem] = outcome
+    return seen
+
+
+def main(argv: list[str]) -> int:
+    junit_dir = Path(argv[0]) if argv else Path("build/junit")
+    seen = outcomes(junit_dir)
+    if not seen:
+        print(f"error: no JUnit results under {junit_dir}; expected one file per tree from make test; fix: run make test",
+              file=sys.stderr)
+        return 2
+    never = {test: trees for test, trees in seen.items() if "passed" not in trees.values()}
+    for test, trees in sorted(never.items()):
+        print(f"never passed on any tree: {test} ({', '.join(f'{t}: {o}' for t, o in sorted(trees.items()))})")
+    print(f"{len(seen) - len(never)} of {len(seen)} tests passed on at least one of {len(list(junit_dir.glob('*.xml')))} trees")
+    return 1 if never else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
