@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 	$(BIN)/python -m compileall -q python/sglang_dcp_dspark
 	touch $@
 
-# Every sglang tree the tests run on, how it is built and what runs on it is
-# one table, patches/trees.json; build/trees.mk is rendered from it (make
-# remakes it first whenever the table changes) and holds SGLANG_BASE, a rule
+# Every sglang tree the tests run on and how it is built is patches/trees.json,
+# what runs on each is test/matrix.json; build/trees.mk is rendered from them
+# (make remakes it first whenever one changes) and holds SGLANG_BASE, a rule
 # per tree under build/trees, the groups `trees` (the 0.5.17 copy with the
 # backport applied), `upstream-trees` (PR #35221 in upstream's form: stock
 # 0.5.18, the PR's parent rebuilt from it by reversing the series, and that
@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # TREE_TESTS, one pytest run per tree.
 include build/trees.mk
 
-build/trees.mk: patches/trees.json test/tree_table.py
+build/trees.mk: patches/trees.json test/matrix.json $(wildcard patches/*/config.json) test/tree_table.py
 	mkdir -p $(@D) && $(PYTHON) test/tree_table.py --make > $@.tmp && mv $@.tmp $@
 
 demo: setup
@@ -63,8 +63,9 @@ bench: setup trees next-trees
 	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
 
 # pytest runs once per sglang tree of patches/trees.json, with PYTHONPATH on
-# that tree and DCP_DSPARK_TREE naming it (the table's test_dirs say which
-# directories). Tests marked `regression` describe the fix: on a tree the table
+# that tree and DCP_DSPARK_TREE naming it (test/matrix.json says which
+# directories); then test/every_test_ran.py checks that every test passed on
+# at least one tree. Tests marked `regression` describe the fix: on a tree the table
 # marks `defect` they are strict xfails, elsewhere they must pass. The stock
 # run takes all of test/ (test/test_export.py also reads the other trees);
 # test/datapath runs on every tree (docs/hicache-datapath.md has the matrix).

@@ -1,11 +1,15 @@
-"""patches/trees.json as Python objects, and the make include rendered from it.
+"""The test configuration as Python objects, and the make include rendered from it; one file per concern:
 
-The table says, for every series, which tree it is re-exported on and what its
-DEP-3 headers say, and for every tree label (the DCP_DSPARK_TREE of a test
-run) its sglang release, how it is built, the state each series must read as
-there and which test directories run on it. Only the standard library is
-used: make runs ``python3 test/tree_table.py --make`` before the virtual
-environment exists.
+- ``patches/<series>/config.json``: each series' own metadata, beside its
+  patches (which tree it is re-exported on, the paths it may touch, what its
+  DEP-3 headers say, its upstream PRs);
+- ``patches/trees.json``: every tree label (the DCP_DSPARK_TREE of a test
+  run), its sglang release, how it is built and the state each series must
+  read as there;
+- ``test/matrix.json``: which test directories run on each tree.
+
+Only the standard library is used: make runs ``python3 test/tree_table.py
+--make`` before the virtual environment exists.
 
 Usage: python3 test/tree_table.py --make              (prints build/trees.mk)
        python3 test/tree_table.py --markdown SERIES   (the docs' table of the trees SERIES is tested on)
@@ -20,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "patches" / "trees.json"
+MATRIX = REPO / "test" / "matrix.json"
 BUILD_TREES = REPO / "build" / "trees"
 MAKE_TREES = "build/trees"  # the same directory as make names it, relative to the repository
 
@@ -53,10 +58,13 @@ def load(path: Path = TABLE) -> dict:
 
 _RAW = load()
 VERSIONS: dict[str, str] = _RAW["versions"]
-SERIES: dict[str, dict] = _RAW["series"]
+SERIES: dict[str, dict] = {
+    path.parent.name: {k: v for k, v in load(path).items() if k != "_comment"}
+    for path in sorted((REPO / "patches").glob("*/config.json"))
+}
+RUNS: dict[str, list[str]] = load(MATRIX)["runs"]
 TREES: dict[str, Tree] = {
-    label: Tree(label=label, test_dirs=tuple(row.pop("test_dirs")), **row)
-    for label, row in ((label, dict(row)) for label, row in _RAW["trees"].items())
+    label: Tree(label=label, test_dirs=tuple(RUNS[label]), **row) for label, row in _RAW["trees"].items()
 }
 
 
