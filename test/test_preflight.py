@@ -503,9 +503,9 @@ CHARTS = {
 
 @pytest.fixture(scope="module")
 def sweeps():
-    from sglang_dcp_dspark import preflight
+    from sglang_dcp_dspark import sweep
 
-    return {name: preflight.sweep(launch, Node(), None, "dcp=1,2,4,8") for name, launch in CHARTS.items()}
+    return {name: sweep.sweep(launch, Node(), None, "dcp=1,2,4,8") for name, launch in CHARTS.items()}
 
 
 def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):

@@ -1,6 +1,6 @@
 """Command line: ``sglang-dcp-dspark <command>``; every command returns an exit code.
 
-Each command is a module of ``commands`` (``preflight`` registers its own);
+Each command is a module of ``commands``;
 this module only parses, dispatches and turns errors and signals into exit codes.
 
 Exit codes: 0 done; 1 ``preflight``: sglang rejects the launch; 2 refused or
@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 
-from . import __version__, commands, preflight
+from . import __version__, commands
 from .errors import DcpDsparkError, Interrupted
 
 # An unforeseen exception: a bug of this tool. Its own code, apart from every verdict (0 to 3) and refusal (2).
@@ -38,7 +38,6 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in commands.PARSERS:
         command.add_parser(sub)
-    preflight.add_parser(sub)
     return parser
 
 

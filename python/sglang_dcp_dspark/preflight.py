@@ -4,7 +4,10 @@ The installed sglang judges the launch, through its own code: its parser and
 resolution (read back after its own defaulting), and its own host-pool
 builders on the meta device. What differs between releases lives in one
 adapter per release family (:mod:`releases`); the host-RAM model is
-:mod:`hostram`; the report, the sweep table and the chart are :mod:`report`.
+:mod:`hostram`; what the speculative passes read, :mod:`passes`; the report,
+the sweep table and the chart are :mod:`report`. This module is the model of
+one judgement; a sweep of them is :mod:`sweep`, the command line
+:mod:`commands.preflight`.
 The launch is judged twice, as stock sglang and with this project's plugin
 hooks (judged and applied as the plugin applies them, for the call only).
 
@@ -16,7 +19,9 @@ when sglang's ``load_plugins`` would run it, see :mod:`switch`):
 - 2: bad input (preflight's own options, the launch arguments or a config.json);
 - 3: it passes validation but will stop at startup: sglang or the plugin
   refuses its host pools while building them, the draft host pool is short of
-  the target's logical slots, or its pools do not fit the node's RAM.
+  the target's logical slots, or its pools do not fit the node's RAM;
+- 5: it passes validation, but under DCP one of its speculative passes
+  crashes or reads other tokens' KV, as the pass map shows it.
 """
 
 from __future__ import annotations
@@ -25,10 +30,8 @@ import argparse
 import contextlib
 import functools
 import io
-import json
 import math
 import os
-import sys
 from pathlib import Path
 
 from . import hostram, rules, swap
@@ -41,7 +44,7 @@ from .launch import FIX_PREFLIGHT, GIB, Node, Resolution
 from .models import kv_fields
 
 __all__ = ["DEFAULT_DEVICE_ROWS", "DEFAULT_DRAFT", "DEFAULT_MODEL", "GIB", "MAX_GPU_MEMORY_GIB", "Node", "emulated_node",
-           "judge", "main", "run", "sweep"]
+           "judge", "run"]
 
 emulated_node = launch_mod.emulated_node
 
@@ -74,14 +77,6 @@ MAX_GPU_MEMORY_GIB = 1024.0  # per GPU; the largest parts today have 288 GB
 MAX_HOST_RAM_GIB = 64 * 1024.0  # per node; the largest single-system servers hold 32 TiB
 MAX_PAGE_SIZE = 1 << 20
 MAX_HICACHE_RATIO = 1000.0  # sglang's default is 2
-# A sweep judges each value in full (about a second each): past this many
-# values it is a batch job, not a preflight. Longer than PROGRESS_FROM values,
-# it says how far it is on stderr.
-MAX_SWEEP_VALUES = 32
-PROGRESS_FROM = 4
-# Launch options a sweep may vary, and how each value is checked.
-SWEEPABLE = {"dcp": "--dcp-size", "hicache-size": "--hicache-size", "hicache-ratio": "--hicache-ratio",
-             "page-size": "--page-size", "tp": "--tp"}
 
 
 def default_launch() -> list[str]:
@@ -346,7 +341,7 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
 # ---------------------------------------------------------------- one judgement
 
 
-def _verdict(code: int, detail: str) -> dict:
+def verdict_of(code: int, detail: str) -> dict:
     return verdict_mod.Verdict(code, detail).as_dict()
 
 
@@ -375,7 +370,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     report["passes"] = judged.as_dict()
     if not as_run.passed:
         also = f"; the pass map: {judged.summary()}" if judged.broken else ""
-        report["verdict"] = _verdict(REJECTED, f"sglang {release.version} rejects the launch: {as_run.message}{also}")
+        report["verdict"] = verdict_of(REJECTED, f"sglang {release.version} rejects the launch: {as_run.message}{also}")
         return report
     la = as_run.launch
     check_resolved(la, node)
@@ -387,12 +382,12 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     stops = report["sizing"].get("startup_stops", [])
     report["startup_stops"] = stops
     if stops:
-        report["verdict"] = _verdict(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
+        report["verdict"] = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
     elif judged.broken:
-        report["verdict"] = _verdict(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
+        report["verdict"] = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
                                                   f"{judged.summary()}")
     else:
-        report["verdict"] = _verdict(PASSES, verdict_mod.passes_detail(report))
+        report["verdict"] = verdict_of(PASSES, verdict_mod.passes_detail(report))
     return report
 
 
@@ -463,140 +458,3 @@ def run(launch: list[str], node: Node, device_rows: int | None = None) -> dict:
     if default_rows and "device_rows_note" in report.get("sizing", {}):
         report["sizing"]["device_rows_note"] = DEFAULT_DEVICE_ROWS_NOTE
     return report
-
-
-# ---------------------------------------------------------------- the sweep
-
-
-def parse_sweep(spec: str) -> tuple[str, str, list[str]]:
-    """``dcp=1,2,4,8`` -> (name, the launch flag, the values); checked before sglang is imported."""
-    name, _, values = spec.partition("=")
-    name = name.strip()
-    if name not in SWEEPABLE or not values.strip():
-        raise DcpDsparkError(f"--sweep {spec!r} is not NAME=V1,V2,...; expected NAME one of {', '.join(SWEEPABLE)}; fix: e.g. --sweep dcp=1,2,4,8 or --sweep hicache-size=50,100,200")
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not items:
-        raise DcpDsparkError(f"--sweep {spec!r} names no value; expected numbers separated by commas; fix: --sweep {name}=1,2,4,8")
-    if len(items) > MAX_SWEEP_VALUES:
-        raise DcpDsparkError(f"--sweep {name} has {len(items):,} values; expected at most {MAX_SWEEP_VALUES} (each is a whole judgement, about a second); fix: sweep fewer values, or split the sweep into runs of {MAX_SWEEP_VALUES}")
-    seen: dict[float, str] = {}
-    for v in items:
-        try:
-            number = float(v)
-        except ValueError:
-            raise DcpDsparkError(f"--sweep {name} value {v!r} is not a number; expected numbers separated by commas; fix: --sweep {name}=1,2,4,8") from None
-        if number in seen:
-            raise DcpDsparkError(f"--sweep {name} gives {seen[number]!r} and {v!r}, the same value twice; expected each value once (a launch judged twice says the same); fix: drop the repeat from --sweep {name}=...")
-        seen[number] = v
-    return name, SWEEPABLE[name], items
-
-
-def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, progress=None) -> dict:
-    """One judgement per value of one launch option, sglang imported once; the chart's four setups per value.
-
-    ``progress(done, total, value)`` is called before each judgement of a
-    sweep longer than :data:`PROGRESS_FROM` values.
-    """
-    from .report import variants
-
-    name, flag, values = parse_sweep(spec)
-    default_rows = not launch and device_rows is None
-    if default_rows:
-        device_rows = DEFAULT_DEVICE_ROWS
-    release, argv, configs = prepare(launch, node, device_rows)
-    rows = []
-    for i, value in enumerate(values):
-        if progress is not None and len(values) > PROGRESS_FROM:
-            progress(i, len(values), value)
-        varied = launch_mod.replace_option(argv, flag, value)
-        try:
-            report = judge(release, varied, node, device_rows, configs, variants=True)
-        except DcpDsparkError as exc:
-            report = {"verdict": _verdict(exc.exit_code, str(exc))}
-        rows.append({"value": value, "report": report, "variants": variants(report)})
-    return {"sweep": name, "flag": flag, "release": release.version, "launch": argv, "rows": rows}
-
-
-# ---------------------------------------------------------------- command line
-
-
-def _number(flag: str, value: str | None, kind: type, *, local: bool = False):
-    """preflight's numeric options, read here rather than by argparse so that a bad one is a one-line error (JSON with --json)."""
-    if value is None:
-        return None
-    if local and value.strip().lower() == "local":
-        return None  # this machine's available RAM now
-    try:
-        return kind(value)
-    except ValueError:
-        what = ("an integer" if kind is int else "a number") + (" or 'local'" if local else "")
-        raise DcpDsparkError(f"{flag} {value!r} is not {what}; fix: {FIX_PREFLIGHT} with {flag} set to {what}") from None
-
-
-def _progress(done: int, total: int, value: str) -> None:
-    print(f"preflight: judging value {done + 1} of {total} ({value})", file=sys.stderr, flush=True)
-
-
-def main(args: argparse.Namespace) -> int:
-    from . import report as report_mod
-
-    launch = list(args.launch or [])
-    if launch[:1] == ["--"]:
-        launch = launch[1:]
-    try:
-        ram = {}
-        if args.host_ram_gib is not None:
-            ram = {"host_ram_gib": _number("--host-ram-gib", args.host_ram_gib, float, local=True), "host_ram_from": "--host-ram-gib"}
-        node = Node(
-            gpus=_number("--gpus", args.gpus, int), gpu_memory_gib=_number("--gpu-memory-gib", args.gpu_memory_gib, float),
-            gpu_name=args.gpu_name, **ram,
-        )
-        rows = _number("--device-rows", args.device_rows, int)
-        if args.plot and not args.sweep:
-            raise DcpDsparkError("--plot draws a sweep; expected --sweep NAME=V1,V2,... with it; fix: sglang-dcp-dspark preflight --sweep dcp=1,2,4,8 --plot FILE")
-        if args.sweep and len(args.sweep) > 1:
-            raise DcpDsparkError(f"--sweep is given {len(args.sweep)} times ({', '.join(args.sweep)}); a sweep varies one option; expected one --sweep; fix: run one preflight per option")
-        if args.plot:
-            report_mod.chart_format(args.plot)  # a name whose format cannot be written is refused before any judgement
-        if args.sweep:
-            result = sweep(launch, node, rows, args.sweep[0], progress=_progress)
-            if args.plot:
-                result["plot"] = report_mod.plot(result, args.plot)
-            print(json.dumps(result, indent=2, default=str) if args.json else report_mod.render_sweep(result))
-            return max(r["report"]["verdict"]["code"] for r in result["rows"])
-        report = run(launch, node, device_rows=rows)
-    except DcpDsparkError as exc:
-        if args.json:
-            # The same verdict on stdout for a script; the one-line error still goes to stderr.
-            print(json.dumps({"verdict": _verdict(exc.exit_code, str(exc)), "error": str(exc)}, indent=2))
-        raise
-    print(json.dumps(report, indent=2, default=str) if args.json else report_mod.render(report))
-    return report["verdict"]["code"]
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "preflight",
-        help="will this launch pass sglang's validation and start, and how much pinned host memory will HiCache take (no GPU needed)",
-        description="Runs the installed sglang's own argument resolution and host-pool builders on an emulated GPU node; with "
-                    "no launch arguments, DeepSeek-V3 (its config.json, shipped in the package) with a dense DSparkDraftModel DSPARK draft "
-                    "(the public Kimi-K3 DSPARK draft's geometry), "
-                    + " ".join(DEFAULT_LAUNCH) + f" and {DEFAULT_DEVICE_ROWS:,} device rows per rank. Exit codes: 0 passes and will "
-                    "start, 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup (a sweep exits with its worst).",
-    )
-    p.add_argument("--json", action="store_true", help="print the report (or the error) as JSON on stdout")
-    p.add_argument("--gpus", default=str(Node.gpus), metavar="N", help=f"GPUs on the target node (default {Node.gpus})")
-    p.add_argument("--gpu-memory-gib", default=str(Node.gpu_memory_gib), metavar="GIB", help=f"memory per GPU (default {Node.gpu_memory_gib:g})")
-    p.add_argument("--gpu-name", default=Node.gpu_name, metavar="NAME")
-    p.add_argument("--host-ram-gib", metavar="GIB",
-                   help=f"host RAM of the target node (default {Node.host_ram_gib:g}, as on a DGX H200); "
-                        "'local': what this machine has available now")
-    p.add_argument("--device-rows", metavar="N", help="target device KV rows per rank (sglang logs max_total_num_tokens; default: an upper-bound "
-                        f"estimate, or {DEFAULT_DEVICE_ROWS:,} for the default launch)")
-    p.add_argument("--sweep", metavar="NAME=V1,V2,...", action="append",
-                   help=f"judge the launch once per value of one option ({', '.join(SWEEPABLE)}; at most "
-                        f"{MAX_SWEEP_VALUES} values, each once) and print one row per value")
-    p.add_argument("--plot", metavar="FILE", help="with --sweep: write a chart of pinned host GiB per node, in the format its "
-                                                  "name says (.png, .svg or .pdf; needs matplotlib: pip install 'sglang-dcp-dspark[plot]')")
-    p.add_argument("launch", nargs=argparse.REMAINDER, help="-- followed by the sglang launch arguments")
-    p.set_defaults(func=main)

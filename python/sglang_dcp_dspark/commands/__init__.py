@@ -3,11 +3,11 @@
 ``PARSERS`` is the order ``sglang-dcp-dspark --help`` lists them in. Users'
 commands come first (status, apply, revert), then the maintainers' (export,
 base, workbench, whose work is in ``maintain``), then the diagnostics
-(coverage, and preflight, which registers itself from ``preflight``).
+(coverage, and preflight, whose judgement is :mod:`..preflight`).
 """
 
 from __future__ import annotations
 
-from . import apply, base, coverage, export, revert, status, workbench
+from . import apply, base, coverage, export, preflight, revert, status, workbench
 
-PARSERS = (status, apply, revert, export, coverage, base, workbench)
+PARSERS = (status, apply, revert, export, coverage, base, workbench, preflight)
