@@ -15,7 +15,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import tree_table
-from sglang_dcp_dspark import maintain
+from sglang_dcp_dspark import maintain, patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 from sglang_dcp_dspark.errors import DcpDsparkError
@@ -105,7 +105,7 @@ def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
     stock = need(STOCK)
     maintain.reconstruct_base(stock, series, tmp_path / "base")
     base = locate_tree(tmp_path / "base")
-    assert series_mod.inspect(base, series).state is series_mod.State.APPLICABLE
+    assert patching.inspect(base, series).state is patching.State.APPLICABLE
     sources = [f for f in series.files if f.startswith("python/sglang/")]
     assert len(sources) == 3
     for name in sources:
@@ -138,24 +138,24 @@ def test_apply_on_the_base_gives_the_release_and_revert_takes_it_back(series, tm
     shutil.copytree(need(BASE).package, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
     tree = locate_tree(root)
     base_bytes = {name: tree.path_of(name).read_bytes() for name in series.tree_files(tree)}
-    assert "applied 4 patch(es)" in series_mod.apply(tree, series)
-    status = series_mod.inspect(tree, series)
-    assert status.state is series_mod.State.FIXED_UPSTREAM and status.applied == len(series.patches)
+    assert "applied 4 patch(es)" in patching.apply(tree, series)
+    status = patching.inspect(tree, series)
+    assert status.state is patching.State.FIXED_UPSTREAM and status.applied == len(series.patches)
     assert status.recorded and "revert undoes it" in status.line()
     for name in series.files:
         if name.startswith("python/sglang/"):
             assert tree.path_of(name).read_bytes() == need(STOCK).path_of(name).read_bytes(), name
-    assert "reverted 4 patch(es)" in series_mod.revert(tree, series)
+    assert "reverted 4 patch(es)" in patching.revert(tree, series)
     assert {name: tree.path_of(name).read_bytes() for name in base_bytes} == base_bytes
     assert not (root / series_mod.RECORD).exists()
 
 
 def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
     stock = need(STOCK)
-    status = series_mod.inspect(stock, series)
-    assert status.state is series_mod.State.FIXED_UPSTREAM and not status.recorded
-    assert "already carries the fix" in series_mod.apply(stock, series)
-    assert "nothing of ours to revert" in series_mod.revert(stock, series)
+    status = patching.inspect(stock, series)
+    assert status.state is patching.State.FIXED_UPSTREAM and not status.recorded
+    assert "already carries the fix" in patching.apply(stock, series)
+    assert "nothing of ours to revert" in patching.revert(stock, series)
 
 
 def test_export_removes_only_the_patches_its_listing_named(tmp_path):

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import fault_child
-from sglang_dcp_dspark import journal
+from sglang_dcp_dspark import journal, patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.__main__ import main
 from sglang_dcp_dspark.compat import locate_tree
@@ -80,7 +80,7 @@ def refs(installed_tree, tmp_path_factory) -> Refs:
         shutil.copyfile(installed_tree.package / rel, dest)
     patched = base / "patched"
     shutil.copytree(stock, patched)
-    series_mod.apply(locate_tree(patched), backport)
+    patching.apply(locate_tree(patched), backport)
     stock_state, patched_state = root_state(stock), root_state(patched)
     targets = {k for k in set(stock_state) | set(patched_state) if stock_state.get(k) != patched_state.get(k)}
     assert RECORD in targets and len(targets) == 4

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import decisions, plugin
+from sglang_dcp_dspark import decisions, patching, plugin
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.commands import status as status_command
 from sglang_dcp_dspark.hooks import _common as hook_common
@@ -72,7 +72,7 @@ def test_sglang_plugins_naming_another_plugin_keeps_it_off(tiny_mla_model):
 
 
 def test_on_a_tree_with_the_series_applied_it_stands_aside(tiny_mla_model, tree_copy):
-    series_mod.apply(tree_copy, series_mod.load_series("sglang-0.5.17"))
+    patching.apply(tree_copy, series_mod.load_series("sglang-0.5.17"))
     got = probe(tiny_mla_model, pythonpath=tree_copy.root)
     assert got["dspark"] == "passes" and got["late_import"]["out_of_bounds"] == 0
     findings = got["late_import"]["findings"]
@@ -328,10 +328,9 @@ def test_register_does_nothing_when_switched_off(monkeypatch, caplog):
 
 class _Series:
     def __init__(self, name, state):
-        from sglang_dcp_dspark import series as series_mod
 
         self.series = type("S", (), {"name": name})()
-        self.state = series_mod.State(state)
+        self.state = patching.State(state)
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ import subprocess
 import pytest
 
 from conftest import tree_digest
+from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.__main__ import main
 from sglang_dcp_dspark.compat import locate_tree
-from sglang_dcp_dspark.series import State
+from sglang_dcp_dspark.patching import State
 
 SERIES = "sglang-0.5.17"
 
@@ -103,9 +104,9 @@ def test_git_am_on_a_checkout_built_from_the_installed_tree(installed_tree, back
 
     checkout = locate_tree(repo)
     assert checkout.layout == "checkout"
-    assert series_mod.inspect(checkout, backport).state is State.APPLIED
+    assert patching.inspect(checkout, backport).state is State.APPLIED
     # git am and our apply produce the same bytes.
-    series_mod.apply(sparse_tree, backport)
+    patching.apply(sparse_tree, backport)
     for name in backport.files:
         assert checkout.path_of(name).read_bytes() == sparse_tree.path_of(name).read_bytes()
 
@@ -122,7 +123,7 @@ def test_fixed_upstream_tree_is_reported_and_left_alone(sparse_tree, backport, c
         )
     )
     before = tree_digest(tree)
-    assert series_mod.inspect(tree, backport).state is State.FIXED_UPSTREAM
+    assert patching.inspect(tree, backport).state is State.FIXED_UPSTREAM
     assert cli("apply", "--target", str(tree.root)) == 0
     assert "already carries the fix" in capsys.readouterr().out
     assert tree_digest(tree) == before
@@ -142,7 +143,7 @@ def test_conflicting_tree_names_the_patch_and_is_untouched(sparse_tree, capsys):
     builder = sparse_tree.package / "srt/mem_cache/kv_cache_builder.py"
     builder.write_text(builder.read_text().replace("primary = tree_cache", "primary  = tree_cache"))
     before = tree_digest(sparse_tree)
-    assert series_mod.inspect(sparse_tree, series_mod.load_series(SERIES)).state is State.CONFLICT
+    assert patching.inspect(sparse_tree, series_mod.load_series(SERIES)).state is State.CONFLICT
     assert cli("apply", "--target", str(sparse_tree.root)) == 2
     err = one_error_line(capsys)
     assert "0002-kv_cache_builder" in err and "0.5.17" in err and "--force-reinstall" in err
@@ -155,7 +156,7 @@ def test_half_applied_series_is_completed_or_undone_whole(sparse_tree, backport,
         ["git", "apply", "-p2", "--include=sglang/*", str(backport.patches[0].path)],
         cwd=sparse_tree.root, check=True,
     )
-    status = series_mod.inspect(sparse_tree, backport)
+    status = patching.inspect(sparse_tree, backport)
     assert (status.state, status.applied) == (State.PARTIAL, 1)
     assert cli("status", "--target", str(sparse_tree.root)) == 0
     assert "partially applied" in capsys.readouterr().out
@@ -168,7 +169,7 @@ def test_half_applied_series_is_completed_or_undone_whole(sparse_tree, backport,
         cwd=sparse_tree.root, check=True,
     )
     assert cli("apply", "--target", str(sparse_tree.root)) == 0
-    assert series_mod.inspect(sparse_tree, backport).state is State.APPLIED
+    assert patching.inspect(sparse_tree, backport).state is State.APPLIED
 
 
 def test_write_failure_midway_rolls_back(sparse_tree, monkeypatch, capsys):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import tree_table
+from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 
@@ -23,7 +24,7 @@ def test_every_series_reads_as_the_table_says_on_every_tree(label):
         pytest.fail(f"{tree_row.path} is missing; fix: make {tree_row.make_target}")
     tree = locate_tree(tree_row.path)
     assert tree.version == tree_row.sglang
-    got = {name: series_mod.inspect(tree, series_mod.load_series(name)).state.value for name in tree_table.SERIES}
+    got = {name: patching.inspect(tree, series_mod.load_series(name)).state.value for name in tree_table.SERIES}
     assert got == tree_row.expect
 
 
@@ -31,7 +32,7 @@ def test_the_table_is_whole():
     """Every tree names every series, its test directories exist, and built-from trees are in the table."""
     for tree in tree_table.TREES.values():
         assert set(tree.expect) == set(tree_table.SERIES), tree.label
-        assert {series_mod.State(v) for v in tree.expect.values()}, tree.label
+        assert {patching.State(v) for v in tree.expect.values()}, tree.label
         assert all((REPO / d).is_dir() for d in tree.test_dirs), tree.test_dirs
         source = tree.build.get("from")
         assert source is None or source in tree_table.TREES, tree.label

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import maintain
+from sglang_dcp_dspark import maintain, patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import SglangTree, locate_tree
 from tree_table import BUILD_TREES, TREES
@@ -37,9 +37,9 @@ def load_bench(name: str):
     return module
 
 
-def expected_state(label: str, series: str) -> series_mod.State:
+def expected_state(label: str, series: str) -> patching.State:
     """The state patches/trees.json says ``series`` reads as on the tree ``label``."""
-    return series_mod.State(TREES[label].expect[series])
+    return patching.State(TREES[label].expect[series])
 
 
 def expect_fixed(label: str = TREE) -> bool:
@@ -50,7 +50,7 @@ def expect_fixed(label: str = TREE) -> bool:
 def check_label(series: series_mod.Series, expected_dir: Path | None) -> SglangTree:
     """The imported sglang, checked to be the run's tree by path and by the table's state of ``series``."""
     found = imported_tree(expected_dir)
-    status = series_mod.inspect(found, series)
+    status = patching.inspect(found, series)
     want = expected_state(TREE, series.name)
     assert status.state is want, f"DCP_DSPARK_TREE={TREE} expects {series.name} {want.value}: {status.line()}"
     return found

@@ -24,7 +24,8 @@ from pathlib import Path
 from . import journal
 from .compat import SglangTree, locate_tree
 from .errors import DcpDsparkError
-from .series import NAME_RE, Series, Staging, patches_root, read_text, require_git, temporary_directory
+from .patching import Staging, require_git, temporary_directory
+from .series import NAME_RE, Series, patches_root, read_text
 
 # Stable export, as Electron does it: no commit ids, stats or signatures to churn.
 FORMAT_PATCH_FLAGS = (

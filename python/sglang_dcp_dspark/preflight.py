@@ -34,7 +34,7 @@ import math
 import os
 from pathlib import Path
 
-from . import hostram, rules, swap
+from . import hostram, patching, rules, swap
 from . import launch as launch_mod
 from . import models as models_mod
 from . import passes as passes_mod
@@ -425,7 +425,7 @@ def _applied_series() -> list[str]:
     out = []
     for name in series.available_series():
         with contextlib.suppress(Exception):
-            if series.inspect(tree, series.load_series(name)).state.value == "applied":
+            if patching.inspect(tree, series.load_series(name)).state.value == "applied":
                 out.append(name)
     return out
 

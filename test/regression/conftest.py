@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 from tree_table import trees_testing
@@ -44,7 +45,7 @@ def _tree_is_what_the_label_says():
     if want is None:
         return
     tree = locate_tree(None)
-    got = series_mod.inspect(tree, series_mod.load_series(BACKPORT)).state
+    got = patching.inspect(tree, series_mod.load_series(BACKPORT)).state
     assert got is want, f"DCP_DSPARK_TREE={TREE} but {tree.describe()} reads as {got.value}"
 
 

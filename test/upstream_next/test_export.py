@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 
-from sglang_dcp_dspark import series as series_mod
+from sglang_dcp_dspark import patching
 from sglang_dcp_dspark.compat import locate_tree
 
 from .conftest import TREE_DIRS, series_only
@@ -25,11 +25,11 @@ def test_apply_and_revert_on_a_copy_of_the_release(series, tmp_path):
         return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tree.package.rglob("*.py"))}
 
     before = digest()
-    series_mod.apply(tree, series)
-    assert series_mod.inspect(tree, series).state is series_mod.State.APPLIED
+    patching.apply(tree, series)
+    assert patching.inspect(tree, series).state is patching.State.APPLIED
     # A file the series creates (pool_host/dcp_draft.py) counts as changed; revert removes it again.
     changed = {str(p.relative_to(tree.package)) for p, h in digest().items() if before.get(p) != h}
     # The installed tree has no test/ directory: only the source patches land.
     assert changed == {f.removeprefix("python/sglang/") for f in series.files if f.startswith("python/sglang/")}
-    series_mod.revert(tree, series)
+    patching.revert(tree, series)
     assert digest() == before

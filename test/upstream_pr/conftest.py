@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.compat import locate_tree
 from tree_table import TREES, trees_testing
@@ -50,7 +51,7 @@ def tree(series):
     found = check_label(series, TREE_DIRS[TREE])
     if expect_fixed():
         # Every patch in the tree, not a version verdict: the fix is really there.
-        assert series_mod.inspect(found, series).applied == len(series.patches)
+        assert patching.inspect(found, series).applied == len(series.patches)
     return found
 
 

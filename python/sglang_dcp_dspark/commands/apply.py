@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import series as series_mod
+from .. import patching
 from ..compat import locate_tree
 from ._args import DEFAULT_SERIES, add_series_choice, add_target, chosen_series, print_report
 
@@ -18,5 +18,5 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     tree = locate_tree(args.target)
-    print_report(series_mod.apply(tree, chosen_series(args, DEFAULT_SERIES)))
+    print_report(patching.apply(tree, chosen_series(args, DEFAULT_SERIES)))
     return 0

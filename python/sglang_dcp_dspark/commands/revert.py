@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import series as series_mod
+from .. import patching
 from ..compat import locate_tree
 from ._args import add_series_choice, add_target, chosen_series, print_note, print_report
 
@@ -20,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
     tree = locate_tree(args.target)
     chosen = chosen_series(args, None)
     if chosen is not None:
-        print_report(series_mod.revert(tree, chosen))
+        print_report(patching.revert(tree, chosen))
         return 0
-    print_note(series_mod.recover(tree, action="revert"))
-    for line in series_mod.revert_found(tree):
+    print_note(patching.recover(tree, action="revert"))
+    for line in patching.revert_found(tree):
         print(line)
     return 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from .. import patching, switch
 from .. import series as series_mod
-from .. import switch
 from ..compat import locate_tree
 from ._args import add_target, print_note
 
@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     tree = locate_tree(args.target)
-    print_note(series_mod.recover(tree))
+    print_note(patching.recover(tree))
     print(f"sglang {tree.version or 'unknown'} ({tree.layout} tree) at {tree.package}")
-    statuses = [series_mod.inspect(tree, series_mod.load_series(name)) for name in series_mod.available_series()]
+    statuses = [patching.inspect(tree, series_mod.load_series(name)) for name in series_mod.available_series()]
     # The plugin first: where it fixes the tree at run time, an "applicable" series is not needed.
     print(f"  {status_line(tree.version, statuses)}")
     for status in statuses:
@@ -77,7 +77,7 @@ def status_line(version: str | None, series_statuses=(), environ=None) -> str:
 
     Judged from the version and the environment, without importing the tree;
     at start-up the hooks judge the code itself. ``series_statuses`` (from
-    ``series.inspect``) say whether a series is in the tree or would apply.
+    ``patching.inspect``) say whether a series is in the tree or would apply.
     """
     import os
 
