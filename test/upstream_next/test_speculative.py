@@ -68,6 +68,15 @@ def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
     assert "DRAFT_DECODE_GRAPH on flashinfer" in line and "\n" not in line
 
 
+@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
+def test_a_separate_nextn_checkpoint_is_judged_like_the_targets_own_layer(algorithm):
+    """The map's cases are found by the draft sglang would run, not by its path: same passes, same verdict."""
+    own = preflight(*DCP8[:-1], "--speculative-algorithm", "NEXTN")[1]["passes"]["passes"]
+    code, report = preflight(*DCP8[:-1], "--speculative-algorithm", algorithm, "--speculative-draft-model-path", MLA_DRAFT)
+    assert code == 5, report["verdict"]["line"]
+    assert [(p["name"], p["verdict"]) for p in report["passes"]["passes"]] == [(p["name"], p["verdict"]) for p in own]
+
+
 def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
     """With --attention-backend flashinfer (MLA), the series' check and the plugin's hook refuse it in the same line."""
     code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN")
