@@ -243,6 +243,9 @@ TRITON_DRAFT = ("--dcp-size {dcp} with DSpark does not support --speculative-dra
 EAGLE_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on {backend} MLA is not supported: under DCP the "
             "target's verify plans KV ids past this rank's pool, and the draft's decode and extend passes read "
             "untranslated rows of other tokens. Use --dcp-size 1 for EAGLE/NEXTN.")
+FA3_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA is not supported: under DCP fa3 plans "
+          "its page table from untranslated req_to_token locs, so the target's extend and verify (and the draft's passes) "
+          "read other tokens' KV. Use --dcp-size 1 for speculative decoding on fa3 MLA.")
 DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: under DCP the target's verify plans KV "
              "ids past this rank's pool, so it reads other tokens' KV. Use --dcp-size 1 for speculative decoding on "
              "{backend} MLA.")
@@ -270,6 +273,8 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     judged = judge(version, name, target_backend=target_backend, **{**common, "draft_backend": None})
     if not judged.broken:
         return None
+    if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
+        return FA3_ON.format(dcp=dcp, algorithm=name)
     if name in EAGLE_FAMILY and mla:
         return EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend)
     if name == "DSPARK":

@@ -21,10 +21,16 @@ For one sglang release (the tree on ``PYTHONPATH``), on CPU, with small pools:
    transfer pieces (``test/datapath/layouts.py::host_stack`` and the
    ``HybridCacheController`` transfer lists), the reads are repeated.
 
+Target backends: flashinfer MLA (``FlashInferMLAAttnBackend``, ``--attention-backend flashinfer`` on an MLA model)
+and fa3 (``FlashAttentionBackend`` in its MLA mode, its rows = ``page_table`` x ``cache_seqlens``; ``sgl_kernel`` is
+a stand-in module whose kernels raise if called). Releases 0.5.18-0.5.23: pools, write doors, read-id builders and
+HiCache pieces are each release's own, called with the signatures that release has (see docs/spec-under-dcp.md).
+
 Verdicts: "consistent", "wrong-rows", "raises", "not-admitted", "not-run".
 Nothing is hard-coded: every verdict is what the run found.
 
 Usage: PYTHONPATH=build/trees/sglang-X python test/spec/passmap.py [--write | --check | --json]
+       [--control shift-write,no-translate [--check]]  (the negative controls, and the check, as one JSON line)
 """
 
 from __future__ import annotations
@@ -274,13 +280,19 @@ def release() -> str:
 @contextlib.contextmanager
 def on_rank(dcp: int, rank: int):
     """sglang's runtime context for one DCP rank (layouts.on_rank) plus the GPU stand-ins."""
+    from sglang.srt.runtime_context import get_parallel
+
     from datapath import layouts
 
-    with layouts.on_rank(dcp, rank) as ops, cuda_tensors_on_cpu():
+    with layouts.on_rank(dcp, rank) as ops, cuda_tensors_on_cpu(), contextlib.ExitStack() as stack:
+        try:
+            _ = get_parallel().attn_tp_size
+        except (AssertionError, RuntimeError):  # 0.5.18/0.5.19: the sidecar context leaves attention TP unset: TP 1
+            stack.enter_context(get_parallel().override(attn_tp_size=1))
         yield ops
 
 
-def model_runner(pool, req_to_token, translator, *, dtype=None, heads: int = HEADS):
+def model_runner(pool, req_to_token, translator, *, dtype=None, heads: int = HEADS, server_args=None):
     import torch
 
     mc = SimpleNamespace(
@@ -295,16 +307,25 @@ def model_runner(pool, req_to_token, translator, *, dtype=None, heads: int = HEA
                                                                           req_to_token=req_to_token),
         token_to_kv_pool=pool, kv_index_translator=translator, page_size=PAGE, dtype=dtype or torch.bfloat16,
         kv_cache_dtype=torch.bfloat16, sliding_window_size=None, is_hybrid_swa=False,
-        server_args=None, attention_chunk_size=None, is_draft_worker=False,
+        server_args=server_args, attention_chunk_size=None, is_draft_worker=False,
         token_to_kv_pool_allocator=SimpleNamespace(page_size=PAGE, get_kvcache=lambda: pool),
     )
 
 
 def translator_for(pool, req_to_token, *, draft: bool):
-    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    """``ModelRunner.init_kv_index_translator``'s ``KVIndexTranslator`` (0.5.19 on; ``is_draft_worker`` 0.5.22 on);
+    None on a release without one (0.5.18: the backends read ``req_to_token`` themselves)."""
+    import inspect
 
-    return KVIndexTranslator(req_to_token=req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
-                             page_size=pool.page_size, device="cpu", is_draft_worker=draft)
+    try:
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    except ImportError:
+        return None
+    kw = dict(req_to_token=req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+              page_size=pool.page_size, device="cpu")
+    if "is_draft_worker" in inspect.signature(KVIndexTranslator.__init__).parameters:
+        kw["is_draft_worker"] = draft
+    return KVIndexTranslator(**kw)
 
 
 # ---------------------------------------------------------------- the request
@@ -345,6 +366,11 @@ def owned(locs: list[int], striped: bool, dcp: int, rank: int) -> list[int]:
 # ---------------------------------------------------------------- the passes
 
 
+class Batch(SimpleNamespace):
+    """A forward batch stand-in that can be weakly referenced (0.5.19's ``index_table_for_batch`` memoizes by
+    ``weakref.ref(forward_batch)``)."""
+
+
 def fb(**kw):
     """A forward batch: the fields the backends' metadata builders read."""
     import torch
@@ -354,7 +380,7 @@ def fb(**kw):
                 extend_seq_lens=None, extend_seq_lens_cpu=None, seq_lens_cpu=None, positions=None,
                 input_ids=None, out_cache_loc=None, num_token_non_padded=None, mrope_positions=None)
     base.update(kw)
-    ns = SimpleNamespace(**base)
+    ns = Batch(**base)
     ns.forward_mode = kw["forward_mode"]
     return ns
 
@@ -470,6 +496,12 @@ class Case:
 def run_pass(fn: Callable[[], dict], where: str) -> dict:
     try:
         out = fn()
+    except AttributeError as exc:
+        if "'types.SimpleNamespace' object" in str(exc) or "'Batch' object" in str(exc):  # a stand-in's gap
+            out = {"verdict": "not-run", "detail": f"the harness's stand-in lacks a field this release reads: "
+                   f"{raised(exc)['detail']}"}
+        else:
+            out = raised(exc)
     except Exception as exc:  # a pass that raises is a finding
         out = raised(exc)
     out = dict(out)
@@ -486,30 +518,100 @@ LAYER = SimpleNamespace(layer_id=0, is_cross_attention=False, tp_k_head_num=MHA_
                         scaling=1.0, qk_head_dim=MHA_HEAD_DIM, logit_cap=0.0, is_cross=False, attn_type=None)
 
 
+def spec_algorithm(name: str):
+    """``--speculative-algorithm NAME`` as the release resolves it: ``speculative_hook.
+    _resolve_speculative_algorithm_alias`` (NEXTN -> EAGLE; on 0.5.18/0.5.19 NEXTN is no ``SpeculativeAlgorithm``
+    name, only an alias), then ``SpeculativeAlgorithm.from_string``."""
+    from sglang.srt.arg_groups import speculative_hook
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    resolve = getattr(speculative_hook, "_resolve_speculative_algorithm_alias", None)
+    return SpeculativeAlgorithm.from_string(resolve(name, None) if resolve else name)
+
+
+def configurator(launch, *, draft: bool, layers: int, architecture: str):
+    """This release's ``KVCacheConfigurator``, with only the fields its pool builders read set by hand, and only
+    those the release's class has (``kv_shard_rank`` / ``kv_shard_spec`` / ``kv_shard_group`` are 0.5.22's; 0.5.21
+    has ``attn_dp_size`` / ``pp_size``, 0.5.18-0.5.20 ``ps``). Its own ``loc_space_scale``, ``pool_page_size``,
+    ``_derive_pool_sizes`` and ``_build_token_to_kv_pool`` then decide the pool, as the release builds it."""
+    import torch
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    from datapath import layouts
+
+    heads = SimpleNamespace(get_total_num_kv_heads=lambda: MHA_KV_HEADS, is_draft_model=draft)
+
+    def kv_heads(tp, dcp=1):
+        try:
+            return ModelConfig.get_num_kv_heads(heads, tp, dcp)
+        except TypeError:  # the release's get_num_kv_heads takes no dcp
+            return ModelConfig.get_num_kv_heads(heads, tp)
+
+    model_config = SimpleNamespace(
+        kv_lora_rank=KV_LORA_RANK, qk_rope_head_dim=QK_ROPE_HEAD_DIM, head_dim=MHA_HEAD_DIM, v_head_dim=MHA_HEAD_DIM,
+        hf_config=SimpleNamespace(architectures=[architecture]), num_nextn_predict_layers=launch.nextn_layers,
+        get_num_kv_heads=kv_heads,
+    )
+    slots = set()
+    for klass in KVCacheConfigurator.__mro__:
+        slots |= set(getattr(klass, "__slots__", ()))
+    cfg = object.__new__(KVCacheConfigurator)  # a slots dataclass: the fields below are its own slots
+    for name, value in dict(
+        device="cpu", is_draft_worker=draft, use_mla_backend=not draft or launch.kind == "mla",
+        is_hybrid_swa=False, is_hybrid_swa_compress=False, mambaish_config=None, hybrid_gdn_config=None,
+        is_inkling_mtp_draft=False, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
+        post_capture_kv_active=False, kv_shard_rank=None, kv_shard_spec=None, kv_shard_group=None,
+        token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=layouts.PAGE, server_args=None,
+        spec_algorithm=spec_algorithm(launch.algorithm), model_config=model_config, draft_model_idx=None,
+        attn_dp_size=1, pp_size=1, req_to_token_pool=None, memory_pool_config=None,
+        layer_info=SimpleNamespace(num_effective_layers=layers, start_layer=0, end_layer=layers),
+    ).items():
+        if name in slots:
+            setattr(cfg, name, value)
+    return cfg
+
+
 def pools(algorithm: str, draft_kind: str):
-    """The target pool (2 MLA layers) and the draft pool, built by sglang's ``KVCacheConfigurator``."""
+    """The target pool (2 MLA layers) and the draft pool, built by this release's ``KVCacheConfigurator``."""
     from datapath import layouts
 
     launch = next(launch for launch in layouts.launches()
                   if launch.algorithm == ("NEXTN" if algorithm == "NEXTN" else "DSPARK") and not launch.replicated)
-    target = layouts.build_pool(layouts.configurator(launch, draft=False, layers=layouts.TARGET_LAYERS,
-                                                     architecture="DeepseekV3ForCausalLM"))
-    draft = layouts.build_pool(layouts.configurator(launch, draft=True, layers=1, architecture=launch.architecture))
+    target = layouts.build_pool(configurator(launch, draft=False, layers=layouts.TARGET_LAYERS,
+                                             architecture="DeepseekV3ForCausalLM"))
+    draft = layouts.build_pool(configurator(launch, draft=True, layers=1, architecture=launch.architecture))
     return launch, target, draft
+
+
+def write_loc(locs):
+    """A ``KVWriteLoc`` of physical locs (0.5.22 on marks them ``physical``; before, every loc is)."""
+    import dataclasses
+
+    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+    if any(f.name == "physical" for f in dataclasses.fields(KVWriteLoc)):
+        return KVWriteLoc(locs, physical=True)
+    return KVWriteLoc(locs)
 
 
 def write_mla(pool, locs) -> None:
     """``MLATokenToKVPool.set_mla_kv_buffer``: the MLA door (striped under DCP)."""
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+    pool.set_mla_kv_buffer(LAYER, mla_loc(pool, locs), *tag_values("mla", locs))
 
-    pool.set_mla_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *tag_values("mla", locs))
+
+def mla_loc(pool, locs):
+    """What ``set_mla_kv_buffer`` takes: a ``KVWriteLoc`` from 0.5.22 on, the bare ``cache_loc`` tensor before
+    (its parameter is ``loc: torch.Tensor``, as flashinfer_mla_backend.forward_* hands it)."""
+    import inspect
+
+    params = list(inspect.signature(type(pool).set_mla_kv_buffer).parameters)
+    return write_loc(locs) if "loc_info" in params else locs
 
 
 def write_mha(pool, locs) -> None:
     """``MHATokenToKVPool.set_kv_buffer`` at the locs as given: ``write_target_hidden_kv``'s door."""
-    from sglang.srt.mem_cache.memory_pool import KVWriteLoc
-
-    pool.set_kv_buffer(LAYER, KVWriteLoc(locs, physical=True), *tag_values("mha", locs, pool.head_num, pool.head_dim))
+    pool.set_kv_buffer(LAYER, write_loc(locs), *tag_values("mha", locs, pool.head_num, pool.head_dim))
 
 
 def write_mha_triton(pool, locs, positions) -> None:
@@ -520,7 +622,8 @@ def write_mha_triton(pool, locs, positions) -> None:
     from datapath import layouts
 
     batch = SimpleNamespace(out_cache_loc=locs, out_cache_loc_is_physical=True, positions=positions, dcp_kv_mask=None)
-    TritonAttnBackend._set_kv_buffer(layouts._backend(pool, None), batch, LAYER, KVWriteLoc.for_batch(batch),
+    loc = KVWriteLoc.for_batch(batch) if hasattr(KVWriteLoc, "for_batch") else KVWriteLoc(locs)  # 0.5.22 on / before
+    TritonAttnBackend._set_kv_buffer(layouts._backend(pool, None), batch, LAYER, loc,
                                      *tag_values("mha", locs, pool.head_num, pool.head_dim))
 
 
@@ -552,32 +655,92 @@ def hicache_round_trip(ops, target, draft, req: Request, dcp: int, *, draft_kind
     from datapath import layouts
 
     plan = SimpleNamespace(device_pools=[draft]) if sidecar else None
-    group, _, extra_pools = layouts.host_stack("SIDECAR" if sidecar else "PACKED", plan, () if sidecar else [draft],
+    group, _, extra_pools = host_stack("SIDECAR" if sidecar else "PACKED", plan, () if sidecar else [draft],
                                                target, dcp)
     ops.register_pool("target/device", target)
     ops.register_pool("draft/device", draft)
     for entry in group.entries:
         ops.register_pool("target/host" if entry is group.anchor_entry else "draft/host", entry.host_pool)
-    ctl = SimpleNamespace(mem_pool_host=group, transfer_layer_id_max=layouts.TARGET_LAYERS)
-    ctl._l2_transfers = functools.partial(HCC._l2_transfers, ctl)
+    # The controller fields its transfer lists read: layer_num (the target's transfer layers; a packed draft's
+    # host layers follow them), and on 0.5.18 the MTP draft pools ``set_mtp_draft_pools`` registers.
+    packed_pools = () if sidecar else (draft,)
+    ctl = SimpleNamespace(mem_pool_host=group, transfer_layer_id_max=layouts.TARGET_LAYERS,
+                          layer_num=layouts.TARGET_LAYERS, has_draft=False, mtp_draft_device_pools=packed_pools,
+                          has_mtp_draft=bool(packed_pools))
+    for name in ("_l2_transfers", "_resolve_pool_transfers_allocation"):
+        if hasattr(HCC, name):
+            setattr(ctl, name, functools.partial(getattr(HCC, name), ctl))
     engine = L2TransferEngine(layouts.IO_BACKEND)
     locs = req.prefix.clone()
     host = group.alloc(len(locs))
-    transfers = group.resolve_host_transfers(extra_pools(), primary_device_indices=locs, primary_host_indices=host)
+    if hasattr(group, "resolve_host_transfers"):  # 0.5.19 on: HostPoolGroup resolves the extra pools' transfers
+        transfers = group.resolve_host_transfers(extra_pools(), primary_device_indices=locs, primary_host_indices=host)
+    else:  # 0.5.18: HybridCacheController.write -> _resolve_pool_transfers_allocation(alloc_host=True)
+        transfers = HCC._resolve_pool_transfers_allocation(ctl, extra_pools() or [], alloc_host=True,
+                                                           kv_device_indices=locs, kv_host_indices=host)
     engine.submit_device_to_host(HCC._l2_transfers(ctl, host, locs, transfers))
     scrub("mla", target)
     scrub(draft_kind, draft)
     page = PAGE * dcp
     locs2 = torch.cat([torch.arange(p * page, (p + 1) * page) for p in LOAD_PAGES])
-    loads = HCC._resolve_device_transfers(ctl, extra_pools(), kv_device_indices=locs2, kv_host_indices=host)
-    engine.submit_host_to_device(HCC._l2_load_transfers(ctl, host, locs2, loads),
-                                 transfer_layer_id_max=layouts.TARGET_LAYERS)
+    if hasattr(HCC, "_resolve_device_transfers"):
+        loads = HCC._resolve_device_transfers(ctl, extra_pools(), kv_device_indices=locs2, kv_host_indices=host)
+    else:  # 0.5.18: HybridCacheController.load -> _resolve_pool_transfers_allocation(alloc_host=False)
+        loads = HCC._resolve_pool_transfers_allocation(ctl, extra_pools() or [], alloc_host=False,
+                                                       kv_device_indices=locs2, kv_host_indices=host)
+    import inspect
+
+    kw = ({"transfer_layer_id_max": layouts.TARGET_LAYERS}
+          if "transfer_layer_id_max" in inspect.signature(engine.submit_host_to_device).parameters
+          else {"layer_num": layouts.TARGET_LAYERS})  # 0.5.18-0.5.20 take the layer count
+    engine.submit_host_to_device(HCC._l2_load_transfers(ctl, host, locs2, loads), **kw)
     # The tags still name the locs they were written for: relabel the restored rows with the new locs, so a
     # read of a restored row is judged against the loc the request now holds there.
     relabel(target, "mla", locs, locs2)
     relabel(draft, draft_kind, locs, locs2)
     req.set_prefix(locs2)
     rewrite_window()
+
+
+def hicache_failed(exc: BaseException) -> dict:
+    """A round trip that stops inside sglang is a finding ('raises'); one that stops because the release lacks a
+    piece the harness drives (an import, an attribute, a signature) is 'not-run', naming what is missing."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    in_sglang = bool(frames) and "/sglang/" in frames[-1].filename
+    if in_sglang and not isinstance(exc, (ImportError, AttributeError, TypeError)):
+        return raised(exc)
+    r = raised(exc)
+    return {"verdict": "not-run", "detail": f"the HiCache round trip could not be driven on this release: {r['detail']}"}
+
+
+def host_stack(plan_name, plan, packed, target, dcp):
+    """``layouts.host_stack``; on a release whose ``build_kv_only_stack`` still takes ``server_args`` (0.5.18),
+    with the HiCache server args it reads (``hicache_size``, ``hicache_mem_layout``, ``hicache_write_policy``,
+    ``hicache_io_backend`` ...) answered by the runtime context's memory view, which later releases read instead."""
+    import inspect
+    from unittest import mock
+
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
+
+    from datapath import layouts
+
+    build = hpa.build_kv_only_stack
+    if "server_args" not in inspect.signature(build).parameters:
+        return layouts.host_stack(plan_name, plan, packed, target, dcp)
+    from sglang.srt.runtime_context import get_memory
+
+    class MemoryArgs:
+        def __getattr__(self, name):
+            return getattr(get_memory(), name, None)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(hpa, "build_kv_only_stack",
+                                              functools.partial(build, server_args=MemoryArgs())))
+        sidecars = getattr(hpa, "build_hicache_draft_sidecars", None)
+        if sidecars is not None and "server_args" in inspect.signature(sidecars).parameters:
+            stack.enter_context(mock.patch.object(hpa, "build_hicache_draft_sidecars",
+                                                  functools.partial(sidecars, server_args=MemoryArgs())))
+        return layouts.host_stack(plan_name, plan, packed, target, dcp)
 
 
 def relabel(pool, kind: str, old, new) -> None:
@@ -600,6 +763,8 @@ def relabel(pool, kind: str, old, new) -> None:
 
 
 FMB = "sglang.srt.layers.attention.flashinfer_mla_backend"
+# What the flashinfer-MLA backends read of the server args: 0.5.18's multi-step draft backend reads page_size.
+FI_ARGS = SimpleNamespace(page_size=PAGE)
 
 
 def fi_mla_backend(pool, req: Request, *, draft: bool, skip_prefill: bool = False, tr=None):
@@ -608,7 +773,8 @@ def fi_mla_backend(pool, req: Request, *, draft: bool, skip_prefill: bool = Fals
     fmb = importlib.import_module(FMB)
     stub_flashinfer(fmb)
     tr = tr or translator_for(pool, req.req_to_token, draft=draft)
-    return fmb.FlashInferMLAAttnBackend(model_runner(pool, req.req_to_token, tr), skip_prefill=skip_prefill), tr
+    return fmb.FlashInferMLAAttnBackend(model_runner(pool, req.req_to_token, tr, server_args=FI_ARGS),
+                                      skip_prefill=skip_prefill), tr
 
 
 def pass_extend_mla(pool, req: Request, dcp: int, rank: int, striped: bool, *, draft: bool, tr, target_tr) -> dict:
@@ -692,7 +858,7 @@ def _multistep(pool, req, dcp, tr):
 
     fmb = importlib.import_module(FMB)
     stub_flashinfer(fmb)
-    return fmb.FlashInferMLAMultiStepDraftBackend(model_runner(pool, req.req_to_token, tr), topk=1,
+    return fmb.FlashInferMLAMultiStepDraftBackend(model_runner(pool, req.req_to_token, tr, server_args=FI_ARGS), topk=1,
                                                   speculative_num_steps=STEPS)
 
 
@@ -876,6 +1042,62 @@ W = {
 }
 
 
+def _source(obj) -> str:
+    import inspect
+
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+@functools.cache
+def read_builder() -> str:
+    """The function this release's flashinfer-MLA backend builds its paged read ids with, from its own source:
+    0.5.22 on ``KVIndexTranslator.pack_read_stream``; 0.5.20/0.5.21 ``KVIndexTranslator.fill_packed_read_stream``;
+    0.5.19 ``KVIndexTranslator.index_table_for_batch`` + ``create_flashinfer_kv_indices_triton``; 0.5.18
+    ``create_flashinfer_kv_indices_triton`` over ``req_to_token`` (no translator)."""
+    import importlib
+
+    src = _source(importlib.import_module(FMB))
+    for name in ("pack_read_stream", "fill_packed_read_stream"):
+        if f"translator.{name}" in src:
+            return f"{TR}.{name}"
+    if "index_table_for_batch" in src:
+        return f"{TR}.index_table_for_batch -> create_flashinfer_kv_indices_triton"
+    return "create_flashinfer_kv_indices_triton over req_to_token_pool.req_to_token"
+
+
+@functools.cache
+def nextn_where() -> dict:
+    """``W["NEXTN"]`` (the 0.5.23 chains) with the names this release's code calls put in their place."""
+    import importlib
+
+    fmb = importlib.import_module(FMB)
+    out = dict(W["NEXTN"])
+    builder = read_builder()
+    decode_src = _source(fmb.FlashInferMLAIndicesUpdaterDecode)
+    planner_src = _source(importlib.import_module("sglang.srt.layers.dcp.planner"))
+    try:
+        from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+        verify_src = _source(EagleVerifyInput.generate_attn_arg_prefill)
+    except ImportError:
+        verify_src = ""
+    verify_builder = (f"{TR}.pack_read_stream" if "pack_read_stream" in verify_src else
+                      "create_flashinfer_kv_indices_triton over req_to_token")
+    for p, text in out.items():
+        text = text.replace("generate_attn_arg_prefill (KVIndexTranslator.pack_read_stream)",
+                            f"generate_attn_arg_prefill ({verify_builder})")
+        text = text.replace("KVIndexTranslator.pack_read_stream", builder)
+        if "translate_dcp_read_ids" not in decode_src:
+            text = text.replace(", KVIndexTranslator.translate_dcp_read_ids", "")
+        if "translate_dcp_read_ids" not in planner_src:  # 0.5.18/0.5.19: the prefix gather is not translated
+            text = text.replace(" (KVIndexTranslator.translate_dcp_read_ids on the rank's prefix)", "")
+        out[p] = text
+    return out
+
+
 def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
     case = Case("NEXTN", "DeepseekV3ForCausalLMNextN", "mla", "flashinfer_mla", "flashinfer_mla", dcp, rank)
     passes: dict = {}
@@ -895,7 +1117,7 @@ def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
         write_all()
         striped_t = is_striped("mla", target, req.prefix, dcp, rank)
         striped_d = is_striped("mla", draft, req.prefix, dcp, rank)
-        w = W["NEXTN"]
+        w = nextn_where()
 
         def run_all():
             return {
@@ -927,7 +1149,295 @@ def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
                                rewrite_window=rewrite_window)
             after = run_all()
         except Exception as exc:
-            after = {p: raised(exc) for p in PASSES}
+            after = {p: hicache_failed(exc) for p in PASSES}
+        for p in PASSES:
+            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+    return case, passes
+
+
+# ---------------------------------------------------------------- fa3 target (FlashAttentionBackend, MLA mode)
+
+FAB = "sglang.srt.layers.attention.flashattention_backend"
+
+
+@contextlib.contextmanager
+def fa3_kernels_stubbed() -> Iterator[None]:
+    """``sgl_kernel`` (``merge_state_v2``, ``sgl_kernel.flash_attn``) is CUDA-only and not installed here: the module
+    names FlashAttentionBackend imports are stand-ins whose kernels raise if called (only the metadata builders
+    run); ``get_scheduler_metadata`` (the FA3 split planner, a kernel too) answers None."""
+    import types
+
+    if "sgl_kernel" in sys.modules and not getattr(sys.modules["sgl_kernel"], "_passmap_stub", False):
+        yield
+        return
+
+    def kernel(*args, **kwargs):
+        raise RuntimeError("an FA3 kernel: not run on CPU (only the metadata is read)")
+
+    sk = types.ModuleType("sgl_kernel")
+    sk.__path__, sk._passmap_stub, sk.merge_state_v2 = [], True, kernel
+    fl = types.ModuleType("sgl_kernel.flash_attn")
+    fl.flash_attn_varlen_func = fl.flash_attn_with_kvcache = kernel
+    fl.get_scheduler_metadata = lambda *args, **kwargs: None
+    sk.flash_attn = fl
+    saved = {n: sys.modules.get(n) for n in ("sgl_kernel", "sgl_kernel.flash_attn")}
+    sys.modules.update({"sgl_kernel": sk, "sgl_kernel.flash_attn": fl})
+    try:
+        yield
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+@contextlib.contextmanager
+def fa3_spec(algorithm: str):
+    """The speculative settings FlashAttentionBackend reads from ``get_spec()`` (topk 1, the map's draft tokens)."""
+    from sglang.srt.runtime_context import get_spec
+
+    with get_spec().override(speculative_eagle_topk=1, speculative_num_draft_tokens=DRAFT_TOKENS if algorithm ==
+                             "NEXTN" else DSPARK_BLOCK, speculative_num_steps=STEPS,
+                             speculative_algorithm="EAGLE" if algorithm == "NEXTN" else "DSPARK"):
+        yield
+
+
+def fa3_runner(pool, req, tr, *, draft: bool):
+    from sglang.srt.configs.model_config import AttentionArch
+
+    mr = model_runner(pool, req.req_to_token, tr)
+    mr.model_config.attention_arch = AttentionArch.MLA
+    mr.model_config.hf_text_config = SimpleNamespace(num_attention_heads=HEADS)
+    mr.kv_cache_dtype_str = "auto"
+    mr.is_draft_worker = draft
+    # no attention context parallelism (what 0.5.21 reads as model_runner.attn_cp_size, 0.5.18-0.5.20 as
+    # model_runner.ps.attn_cp_size; 0.5.22 on asks get_parallel())
+    mr.attn_cp_size, mr.ps = 1, SimpleNamespace(attn_cp_size=1, tp_size=1)
+    return mr
+
+
+def fa3_backend(pool, req, tr, *, draft: bool = False):
+    import importlib
+
+    with fa3_kernels_stubbed():
+        fab = importlib.import_module(FAB)
+        return fab.FlashAttentionBackend(fa3_runner(pool, req, tr, draft=draft))
+
+
+def fa3_multistep(pool, req, tr):
+    import importlib
+
+    with fa3_kernels_stubbed():
+        fab = importlib.import_module(FAB)
+        return fab.FlashAttentionMultiStepBackend(fa3_runner(pool, req, tr, draft=True), topk=1,
+                                                  speculative_num_steps=STEPS)
+
+
+def fa3_rows(m, page: int = PAGE, lane: int = 0) -> list[int]:
+    """The rows the FA3 paged kernel reads for one request: token j of its ``cache_seqlens`` at
+    ``page_table[lane, j // page] * page + j % page``."""
+    n = int(m.cache_seqlens_int32[lane])
+    pt = m.page_table[lane]
+    return [int(pt[j // page]) * page + j % page for j in range(n)]
+
+
+def fa3_judge(pool, m, want, *, note: str = "") -> dict:
+    return judge("mla", pool, fa3_rows(m), want, note=("page_table x cache_seqlens rows" + (f"; {note}" if note else "")))
+
+
+def fa3_pass_extend(pool, req, dcp, rank, striped, *, tr, target_tr, draft: bool) -> dict:
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be = fa3_backend(pool, req, tr, draft=draft)
+    S, E = req.S, DRAFT_TOKENS
+
+    def batch():
+        return fb(forward_mode=ForwardMode.EXTEND, **seqs(S + E), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
+                  extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([E], dtype=torch.int32),
+                  extend_seq_lens_cpu=[E], out_cache_loc=torch.tensor(req.locs(S + E)[S:], dtype=torch.int64))
+    b = batch()
+    if draft and has_plans(target_tr):
+        target_tr.own_plan(batch()).bind(b, tr)
+        where = f"the target prefill's {TR}.own_plan, bound to the draft batch (eagle_worker_v2)"
+    else:
+        where = bind_own(b, tr)
+    be.init_forward_metadata(b)
+    return with_plan(fa3_judge(pool, be.forward_metadata, owned(req.locs(S + E), striped, dcp, rank)), where)
+
+
+def fa3_pass_draft_decode(pool, req, dcp, rank, striped, *, tr_d, tr_t, graph: bool) -> dict:
+    import torch
+
+    multi = fa3_multistep(pool, req, tr_d)
+    cap_where = ""
+    if graph:
+        multi.init_cuda_graph_state(1, 1)
+        cap = _decode_batch(req, seq_len=1, out_cache_loc=torch.zeros(STEPS, dtype=torch.int64))
+        cap_where = bind_runner_slots(cap, tr_d) + "; replay: "
+        multi.init_forward_metadata_out_graph(cap, in_capture=True)
+    b, _, where = _live_decode_batch(req, tr_d, tr_t)
+    results = []
+    for i, be in enumerate(multi.attn_backends):
+        if graph:
+            be.init_forward_metadata_out_graph(
+                __import__("sglang.srt.model_executor.forward_batch_info", fromlist=["x"]).build_inner_fb_view(
+                    b, bs=1, forward_mode=b.forward_mode, encoder_lens=None), in_capture=False)
+        else:
+            be.init_forward_metadata(b)
+        results.append(fa3_judge(pool, be.forward_metadata, owned(req.locs(req.S + i + 1), striped, dcp, rank)))
+    for i, r in enumerate(results):
+        if r["verdict"] != "consistent":
+            return with_plan({"verdict": r["verdict"], "detail": f"step {i}: {r['detail']}"},
+                             cap_where + where + ", columns [0, num_steps)")
+    return with_plan({"verdict": "consistent", "detail": "; ".join(f"step {i}: {r['detail']}"
+                                                                   for i, r in enumerate(results))},
+                     cap_where + where + ", columns [0, num_steps)")
+
+
+def fa3_pass_draft_extend(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    be = fa3_backend(pool, req, tr_d, draft=True)
+    S, n = req.S, DRAFT_TOKENS
+    b = fb(forward_mode=ForwardMode.DRAFT_EXTEND_V2, **seqs(S), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
+           extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([n], dtype=torch.int32), extend_seq_lens_cpu=[n],
+           spec_info=eagle_draft_input())
+    plan, where = eagle_window_plan(tr_t, req)
+    bind_plan(plan, b, tr_d)
+    b.seq_lens, b.seq_lens_cpu, b.seq_lens_sum = b.seq_lens + n, b.seq_lens_cpu + n, S + n
+    be.init_forward_metadata(b)
+    return with_plan(fa3_judge(pool, be.forward_metadata, owned(req.locs(S + n), striped, dcp, rank)), where)
+
+
+def fa3_pass_verify(pool, req, dcp, rank, striped, *, algorithm: str, tr_t, graph: bool) -> dict:
+    import torch
+
+    be = fa3_backend(pool, req, tr_t)
+    S, n = req.S, DRAFT_TOKENS
+    cap_where = ""
+    if graph:
+        be.init_cuda_graph_state(1, n)
+        cap = _verify_batch(req, verify_input(algorithm), seq_len=1, out_cache_loc=torch.zeros(n, dtype=torch.int64))
+        cap_where = bind_runner_slots(cap, tr_t) + "; replay: "
+        be.init_forward_metadata_out_graph(cap, in_capture=True)
+    spec = verify_input(algorithm)
+    live = _verify_batch(req, spec)
+    plan, where = _verify_plan(algorithm, req, tr_t)
+    spec.kv_loc_plan = plan
+    bind_plan(plan, live, tr_t)
+    if graph:
+        be.init_forward_metadata_out_graph(live, in_capture=False)
+    else:
+        be.init_forward_metadata(live)
+    return with_plan(fa3_judge(pool, be.forward_metadata, owned(req.locs(S + n), striped, dcp, rank)),
+                     cap_where + where)
+
+
+FA_EXTEND = f"{FAB}.FlashAttentionBackend.init_forward_metadata (EXTEND: page_table, cache_seqlens = seq_lens)"
+W_FA3 = {
+    "EXTEND": FA_EXTEND,
+    "DRAFT_DECODE_GRAPH": f"{FAB}.FlashAttentionMultiStepBackend.init_cuda_graph_state -> capture -> replay: "
+                          "FlashAttentionBackend.init_forward_metadata_out_graph -> _init_full_cg_decode_metadata -> "
+                          "_apply_cuda_graph_metadata (draft decode page_table, cache_seqlens)",
+    "DRAFT_DECODE_EAGER": f"{FAB}.FlashAttentionMultiStepBackend.init_forward_metadata -> "
+                          "FlashAttentionBackend.init_forward_metadata (DECODE with a draft spec_info: page_table, "
+                          "cache_seqlens = seq_lens + step + 1)",
+    "DRAFT_EXTEND": "sglang.srt.speculative.eagle_worker_common.prepare_for_draft_extend (DRAFT_EXTEND_V2) -> "
+                    f"{FAB}.FlashAttentionBackend.init_forward_metadata (page_table, cache_seqlens)",
+    "TARGET_VERIFY_GRAPH": f"{FAB}.FlashAttentionBackend.init_cuda_graph_state -> init_forward_metadata_out_graph"
+                           "(in_capture=True) -> replay: init_forward_metadata_out_graph -> _init_full_cg_decode_metadata"
+                           " -> _apply_cuda_graph_metadata (is_target_verify: target_verify_metadata page_table, "
+                           "cache_seqlens = seq_lens + num_draft_tokens)",
+    "TARGET_VERIFY_EAGER": f"{FAB}.FlashAttentionBackend.init_forward_metadata (TARGET_VERIFY, topk 1: page_table, "
+                           "cache_seqlens = seq_lens + num_draft_tokens)",
+}
+FA3_RELEASES = ((0, 5, 18),)  # every mapped release
+
+
+@functools.cache
+def fa3_page_source() -> str:
+    """Where this release's FlashAttentionBackend takes its page_table rows from, for a plain (non-unified) pool."""
+    import importlib
+
+    with fa3_kernels_stubbed():
+        src = _source(importlib.import_module(FAB))
+    if "translator.read_table" in src or "translator.copy_page_table" in src:
+        return f"page_table: {TR}.read_table / copy_page_table"
+    if "translator.build_index_table" in src:
+        return (f"page_table: req_to_token_pool.req_to_token[req_pool_indices] // page_size ({TR}.build_index_table "
+                "only when is_translating, a unified pool)")
+    return "page_table: req_to_token_pool.req_to_token[req_pool_indices] // page_size (no translator)"
+
+
+def fa3_where(name: str) -> str:
+    return f"{W_FA3[name]} [{fa3_page_source()}; no DCP read step in FlashAttentionBackend]"
+
+
+def fa3_driven() -> bool:
+    return tuple(int(x) for x in release().split(".")[:3]) >= FA3_RELEASES[0]
+
+
+def fa3_not_run(algorithm: str, flag, dcp: int, rank: int) -> tuple[Case, dict]:
+    kind = "mla" if algorithm == "NEXTN" else "mha"
+    draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
+    backend = "fa3" if algorithm == "NEXTN" else (flag or default_draft_backend())
+    case = Case(algorithm, draft_class, kind, "fa3", backend, dcp, rank, draft_backend_flag=flag)
+    msg = {"verdict": "not-run", "detail": "the fa3 MLA target (FlashAttentionBackend) is mapped from 0.5.22 on; "
+           "not driven on this release", "where": f"{FAB}.FlashAttentionBackend"}
+    return case, {p: dict(msg, after_hicache={"verdict": "not-run", "detail": msg["detail"]}) for p in PASSES}
+
+
+def nextn_fa3_case(dcp: int, rank: int) -> tuple[Case, dict]:
+    if not fa3_driven():
+        return fa3_not_run("NEXTN", None, dcp, rank)
+    case = Case("NEXTN", "DeepseekV3ForCausalLMNextN", "mla", "fa3", "fa3", dcp, rank)
+    with on_rank(dcp, rank) as ops, fa3_spec("NEXTN"):
+        _, target, draft = pools("NEXTN", "mla")
+        req = Request(dcp)
+        tr_t = translator_for(target, req.req_to_token, draft=False)
+        tr_d = translator_for(draft, req.req_to_token, draft=True)
+        import torch
+
+        locs = torch.tensor(req.locs(req.S + len(req.window)))
+        write_mla(target, locs)
+        write_mla(draft, locs)
+        st_t = is_striped("mla", target, req.prefix, dcp, rank)
+        st_d = is_striped("mla", draft, req.prefix, dcp, rank)
+
+        def run_all():
+            return {
+                "EXTEND": run_pass(lambda: fa3_pass_extend(draft, req, dcp, rank, st_d, tr=tr_d, target_tr=tr_t,
+                                                           draft=True), fa3_where("EXTEND")),
+                "DRAFT_DECODE_GRAPH": run_pass(lambda: fa3_pass_draft_decode(draft, req, dcp, rank, st_d, tr_d=tr_d,
+                                                                             tr_t=tr_t, graph=True),
+                                               fa3_where("DRAFT_DECODE_GRAPH")),
+                "DRAFT_DECODE_EAGER": run_pass(lambda: fa3_pass_draft_decode(draft, req, dcp, rank, st_d, tr_d=tr_d,
+                                                                             tr_t=tr_t, graph=False),
+                                               fa3_where("DRAFT_DECODE_EAGER")),
+                "DRAFT_EXTEND": run_pass(lambda: fa3_pass_draft_extend(draft, req, dcp, rank, st_d, tr_d=tr_d,
+                                                                       tr_t=tr_t), fa3_where("DRAFT_EXTEND")),
+                "TARGET_VERIFY_GRAPH": run_pass(lambda: fa3_pass_verify(target, req, dcp, rank, st_t, algorithm="NEXTN",
+                                                                        tr_t=tr_t, graph=True),
+                                                fa3_where("TARGET_VERIFY_GRAPH")),
+                "TARGET_VERIFY_EAGER": run_pass(lambda: fa3_pass_verify(target, req, dcp, rank, st_t, algorithm="NEXTN",
+                                                                        tr_t=tr_t, graph=False),
+                                                fa3_where("TARGET_VERIFY_EAGER")),
+            }
+
+        passes = run_all()
+        try:
+            def rewrite_window():
+                write_mla(target, req.window)
+                write_mla(draft, req.window)
+
+            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mla", sidecar=False,
+                               rewrite_window=rewrite_window)
+            after = run_all()
+        except Exception as exc:
+            after = {p: hicache_failed(exc) for p in PASSES}
         for p in PASSES:
             passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
     return case, passes
@@ -950,6 +1460,34 @@ DSPARK_DRAFT_WHERE = {
 }
 DSPARK_DRAFT_FORWARD = ("sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer._run_forward "
                         "(ForwardMode.TARGET_VERIFY on the draft runner) -> ")
+
+
+def dspark_draft_where(backend: str) -> str:
+    """``DSPARK_DRAFT_WHERE`` (0.5.22 on) with the read-id builders a release before KVLocPlan calls."""
+    import inspect
+
+    text = DSPARK_DRAFT_WHERE[backend]
+    try:
+        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+        new_api = "translator" in inspect.signature(DFlashVerifyInput.generate_attn_arg_prefill).parameters
+    except ImportError:
+        new_api = True
+    if new_api:
+        return text
+    if backend == "flashinfer":
+        return text.replace(f"({TRANSLATOR}.pack_read_stream)", "(create_flashinfer_kv_indices_triton over req_to_token)")
+    if backend == "fa3":
+        return text.replace(f"-> {TRANSLATOR}.read_table", "(topk 1: page_table = req_to_token_pool.req_to_token"
+                            "[req_pool_indices, :max_seq_len_k], no unified pool)")
+    if backend == "triton":
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        params = list(inspect.signature(TritonAttnBackend._fill_kv_indptr_and_indices).parameters)
+        via = (f"{TRANSLATOR}.index_table_for_batch -> create_flashinfer_kv_indices_triton" if "index_table" in params
+               else "create_flashinfer_kv_indices_triton over req_to_token")
+        return text.replace(f"({TRANSLATOR}.pack_read_stream)", f"({via})")
+    return text
 
 
 def draft_backend_choices() -> list[str] | None:
@@ -983,23 +1521,40 @@ def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr
     S, n = req.S, DSPARK_BLOCK
     rpi = torch.tensor([0])
     seq_lens = torch.tensor([S], dtype=torch.int64)
+    import inspect
+
     if backend == "flashinfer":
         spec = verify_input("DSPARK")
         spec.draft_token_num = n
-        kv_indices, kv_indptr, _, _ = spec.generate_attn_arg_prefill(
-            req_pool_indices=rpi, paged_kernel_lens=seq_lens, paged_kernel_lens_sum=S, translator=tr, plan=plan)
+        if "translator" in inspect.signature(spec.generate_attn_arg_prefill).parameters:  # 0.5.22 on
+            kv_indices, kv_indptr, _, _ = spec.generate_attn_arg_prefill(
+                req_pool_indices=rpi, paged_kernel_lens=seq_lens, paged_kernel_lens_sum=S, translator=tr, plan=plan)
+        else:  # 0.5.18-0.5.21: straight from req_to_token
+            kv_indices, kv_indptr, _, _ = spec.generate_attn_arg_prefill(rpi, seq_lens, S, req.req_to_token)
         ids = [int(x) for x in kv_indices[int(kv_indptr[0]):int(kv_indptr[1])].tolist()]
         return judge("mha", pool, ids, req.locs(S + n))
     if backend == "fa3":
-        table = tr.read_table(plan if plan is not None else SimpleNamespace(req_pool_indices=rpi), rows=1)
-        ids = [int(x) for x in table.ids[table.row_ids[0], :S + n].tolist()]  # cache_seqlens = seq_lens + draft tokens
+        if tr is not None and hasattr(tr, "read_table"):  # 0.5.22 on
+            table = tr.read_table(plan if plan is not None else SimpleNamespace(req_pool_indices=rpi), rows=1)
+            ids = [int(x) for x in table.ids[table.row_ids[0], :S + n].tolist()]  # cache_seqlens = seq_lens + n
+        else:  # 0.5.18-0.5.21, topk 1, no unified pool: page_table = req_to_token[req_pool_indices, :max_seq_len_k]
+            ids = [int(x) for x in req.req_to_token[rpi, :S + n][0].tolist()]
         return judge("mha", pool, ids, req.locs(S + n), note="page_table rows as the kernel indexes them (row = id)")
     if backend == "triton":
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-        be = SimpleNamespace(kv_index_translator=tr, kv_indptr=torch.zeros(2, dtype=torch.int32))
+        be = SimpleNamespace(kv_index_translator=tr, kv_indptr=torch.zeros(2, dtype=torch.int32),
+                             req_to_token=req.req_to_token)
         kv_indices = torch.empty(S, dtype=torch.int64)
-        kv_indptr = TritonAttnBackend._fill_kv_indptr_and_indices(be, plan, 1, seq_lens, rpi, kv_indices)
+        params = list(inspect.signature(TritonAttnBackend._fill_kv_indptr_and_indices).parameters)
+        if params[1] == "plan":  # 0.5.22 on
+            kv_indptr = TritonAttnBackend._fill_kv_indptr_and_indices(be, plan, 1, seq_lens, rpi, kv_indices)
+        elif "index_table" in params:  # 0.5.19: the translator's per-batch index table
+            table = tr.index_table_for_batch(Batch(req_pool_indices=rpi, seq_lens=seq_lens, seq_lens_sum=S,
+                                                             seq_lens_cpu=seq_lens, batch_size=1))
+            kv_indptr = TritonAttnBackend._fill_kv_indptr_and_indices(be, 1, seq_lens, table, kv_indices)
+        else:  # 0.5.18, 0.5.20, 0.5.21
+            kv_indptr = TritonAttnBackend._fill_kv_indptr_and_indices(be, 1, seq_lens, rpi, kv_indices)
         ids = [int(x) for x in kv_indices[int(kv_indptr[0]):int(kv_indptr[1])].tolist()]
         # extend_attention_fwd takes the block's own K/V from the forward; the cache read is the prefix
         return judge("mha", pool, ids, req.locs(S), note="the block's K/V come from the forward, not the cache")
@@ -1007,15 +1562,18 @@ def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr
                                             "(get_exec/get_spec) and flashinfer's trtllm kernels to build; not driven on CPU"}
 
 
-def dspark_case(flag: str | None, dcp: int, rank: int) -> tuple[Case, dict]:
-    draft_backend = flag if flag is not None else default_draft_backend()
-    case = Case("DSPARK", "DSparkDraftModel", "mha", "flashinfer_mla", draft_backend, dcp, rank, draft_backend_flag=flag)
+def dspark_case(flag: str | None, dcp: int, rank: int, target_backend: str = "flashinfer_mla") -> tuple[Case, dict]:
+    fa3 = target_backend == "fa3"
+    if fa3 and not fa3_driven():
+        return fa3_not_run("DSPARK", flag, dcp, rank)
+    draft_backend = flag if flag is not None else default_draft_backend(target_backend)
+    case = Case("DSPARK", "DSparkDraftModel", "mha", target_backend, draft_backend, dcp, rank, draft_backend_flag=flag)
     choices = draft_backend_choices()
     if choices is not None and draft_backend not in choices:
         msg = {"verdict": "not-admitted", "detail": f"--speculative-draft-attention-backend {draft_backend} is not in "
                "sglang.srt.arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES", "where": "arg_groups/choices.py"}
         return case, {p: dict(msg, after_hicache=dict(msg)) for p in PASSES}
-    with on_rank(dcp, rank) as ops:
+    with on_rank(dcp, rank) as ops, (fa3_spec("DSPARK") if fa3 else contextlib.nullcontext()):
         _, target, draft = pools("DSPARK", "mha")
         req = Request(dcp)
         tr_t = translator_for(target, req.req_to_token, draft=False)
@@ -1040,24 +1598,40 @@ def dspark_case(flag: str | None, dcp: int, rank: int) -> tuple[Case, dict]:
                    "where": "sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer._run_forward"}
 
         def run_all():
+            if fa3:
+                return {
+                    "EXTEND": run_pass(lambda: fa3_pass_extend(target, req, dcp, rank, striped_t, tr=tr_t,
+                                                               target_tr=tr_t, draft=False),
+                                       fa3_where("EXTEND") + " (the target's prefill)"),
+                    "DRAFT_DECODE_GRAPH": dict(not_run),
+                    "DRAFT_DECODE_EAGER": dict(not_run),
+                    "DRAFT_EXTEND": run_pass(lambda: pass_dspark_draft(draft_backend, draft, req, dcp, rank, tr_t=tr_t),
+                                             DSPARK_DRAFT_FORWARD + dspark_draft_where(draft_backend)),
+                    "TARGET_VERIFY_GRAPH": run_pass(lambda: fa3_pass_verify(target, req, dcp, rank, striped_t,
+                                                                            algorithm="DSPARK", tr_t=tr_t, graph=True),
+                                                    fa3_where("TARGET_VERIFY_GRAPH") + " (DFlashVerifyInput)"),
+                    "TARGET_VERIFY_EAGER": run_pass(lambda: fa3_pass_verify(target, req, dcp, rank, striped_t,
+                                                                            algorithm="DSPARK", tr_t=tr_t, graph=False),
+                                                    fa3_where("TARGET_VERIFY_EAGER") + " (DFlashVerifyInput)"),
+                }
             return {
                 "EXTEND": run_pass(lambda: pass_extend_mla(target, req, dcp, rank, striped_t, draft=False, tr=tr_t,
                                                            target_tr=tr_t),
-                                   W["NEXTN"]["EXTEND"] + " (the target's prefill; the draft has no extend of its "
+                                   nextn_where()["EXTEND"] + " (the target's prefill; the draft has no extend of its "
                                    "own: models.dspark.DSparkDraftModel.write_target_hidden_kv writes its context)"),
                 "DRAFT_DECODE_GRAPH": dict(not_run),
                 "DRAFT_DECODE_EAGER": dict(not_run),
                 "DRAFT_EXTEND": run_pass(lambda: pass_dspark_draft(draft_backend, draft, req, dcp, rank, tr_t=tr_t),
-                                         DSPARK_DRAFT_FORWARD + DSPARK_DRAFT_WHERE[draft_backend]),
+                                         DSPARK_DRAFT_FORWARD + dspark_draft_where(draft_backend)),
                 "TARGET_VERIFY_GRAPH": run_pass(lambda: pass_target_verify_graph(target, req, dcp, rank, striped_t,
                                                                                  algorithm="DSPARK", tr_t=tr_t),
-                                                W["NEXTN"]["TARGET_VERIFY_GRAPH"].replace(
+                                                nextn_where()["TARGET_VERIFY_GRAPH"].replace(
                                                     "eagle_info.EagleVerifyInput", "dflash_info.DFlashVerifyInput")
                                                 .replace("fast_mla_prefill_plan", "the wrapper's own plan (no fast "
                                                          "plan for DFLASH_VERIFY)")),
                 "TARGET_VERIFY_EAGER": run_pass(lambda: pass_target_verify(target, req, dcp, rank, striped_t,
                                                                            algorithm="DSPARK", tr_t=tr_t),
-                                                W["NEXTN"]["TARGET_VERIFY_EAGER"].replace(
+                                                nextn_where()["TARGET_VERIFY_EAGER"].replace(
                                                     "eagle_info.EagleVerifyInput", "dflash_info.DFlashVerifyInput")),
             }
 
@@ -1067,7 +1641,7 @@ def dspark_case(flag: str | None, dcp: int, rank: int) -> tuple[Case, dict]:
                                rewrite_window=lambda: write_all(window_only=True))
             after = run_all()
         except Exception as exc:
-            after = {p: raised(exc) for p in PASSES}
+            after = {p: hicache_failed(exc) for p in PASSES}
         for p in PASSES:
             passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
     return case, passes
@@ -1076,17 +1650,22 @@ def dspark_case(flag: str | None, dcp: int, rank: int) -> tuple[Case, dict]:
 # ---------------------------------------------------------------- all cases, the JSON, the doc
 
 
-def cases() -> list[tuple[str, str | None]]:
-    """(algorithm, --speculative-draft-attention-backend) pairs, each at every dcp, as rank 0 and the last rank;
-    None: the flag left unset (NEXTN's draft runs the target's backend; DSPARK's resolves to the release default)."""
-    return [("NEXTN", None)] + [("DSPARK", b) for b in DSPARK_DRAFT_BACKENDS]
+TARGET_BACKENDS = ("flashinfer_mla", "fa3")  # --attention-backend flashinfer / fa3 on the MLA target
+
+
+def cases() -> list[tuple]:
+    """(algorithm, --speculative-draft-attention-backend, target backend), each at every dcp, as rank 0 and the last
+    rank; None: the flag left unset (NEXTN's draft runs the target's backend; DSPARK's resolves to the release
+    default). The fa3 target runs with the draft flag unset."""
+    return ([("NEXTN", None, "flashinfer_mla")] + [("DSPARK", b, "flashinfer_mla") for b in DSPARK_DRAFT_BACKENDS]
+            + [("NEXTN", None, "fa3"), ("DSPARK", None, "fa3")])
 
 
 DEFAULT_RESOLVER = "sglang.srt.arg_groups.speculative_hook._resolve_dflash_draft_attention_backend"
 
 
 @functools.cache
-def default_draft_backend() -> str:
+def default_draft_backend(target_backend: str = "flashinfer_mla") -> str:
     """What the release resolves DSPARK's draft backend to with the flag unset, on CUDA, for this map's target
     (attention backend flashinfer_mla): ``_handle_dspark`` calls ``_resolve_dflash_draft_attention_backend``, run
     here with the server args' resolution views standing in (the target's backends as ``attention_backends_of``
@@ -1097,7 +1676,7 @@ def default_draft_backend() -> str:
     from sglang.srt.arg_groups import speculative_hook as sh
 
     args = SimpleNamespace(speculative_draft_attention_backend=None)
-    backends = lambda view: ("flashinfer_mla", "flashinfer_mla")  # noqa: E731
+    backends = lambda view: (target_backend, target_backend)  # noqa: E731
     same = lambda a: a  # noqa: E731
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(overrides, "attention_backends_of", backends))
@@ -1110,17 +1689,17 @@ def default_draft_backend() -> str:
     return args.speculative_draft_attention_backend
 
 
-def set_up_failed(algorithm, flag, dcp, rank, exc) -> tuple[Case, dict]:
+def set_up_failed(algorithm, flag, dcp, rank, exc, target_backend: str = "flashinfer_mla") -> tuple[Case, dict]:
     kind = "mla" if algorithm == "NEXTN" else "mha"
     draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
     if algorithm == "NEXTN":
-        backend = "flashinfer_mla"
+        backend = target_backend
     else:
         try:
-            backend = flag if flag is not None else default_draft_backend()
+            backend = flag if flag is not None else default_draft_backend(target_backend)
         except Exception:
             backend = flag
-    case = Case(algorithm, draft_class, kind, "flashinfer_mla", backend, dcp, rank, draft_backend_flag=flag)
+    case = Case(algorithm, draft_class, kind, target_backend, backend, dcp, rank, draft_backend_flag=flag)
     r = raised(exc)
     msg = {"verdict": "not-run", "detail": f"the harness could not build this release's pools/backends on CPU: "
            f"{r['detail']}", "where": "test/spec/passmap.py (set-up)"}
@@ -1129,19 +1708,24 @@ def set_up_failed(algorithm, flag, dcp, rank, exc) -> tuple[Case, dict]:
 
 def measure(dcp_sizes=DCP_SIZES, only: list | None = None) -> list[dict]:
     records = []
-    for algorithm, backend in (only or cases()):
+    for algorithm, backend, *rest in (only or cases()):
+        target = rest[0] if rest else "flashinfer_mla"
         for dcp in dcp_sizes:
             for rank in sorted({0, dcp - 1}):
                 try:
-                    case, passes = (nextn_case(dcp, rank) if algorithm == "NEXTN" else dspark_case(backend, dcp, rank))
+                    if algorithm == "NEXTN":
+                        case, passes = nextn_case(dcp, rank) if target == "flashinfer_mla" else nextn_fa3_case(dcp, rank)
+                    else:
+                        case, passes = dspark_case(backend, dcp, rank, target)
                 except Exception as exc:  # the release lacks an API the harness drives
-                    case, passes = set_up_failed(algorithm, backend, dcp, rank, exc)
+                    case, passes = set_up_failed(algorithm, backend, dcp, rank, exc, target)
                 records.append(case.record({p: passes[p] for p in PASSES}))
     return records
 
 
 def sort_key(c: dict) -> tuple:
-    return (tuple(int(x) for x in c["release"].split(".")[:3]), c["algorithm"], c.get("draft_backend_flag") or "",
+    return (tuple(int(x) for x in c["release"].split(".")[:3]), c["target_backend"] != "flashinfer_mla",
+            c["target_backend"], c["algorithm"], c.get("draft_backend_flag") or "",
             c["draft_backend"] or "", c["dcp"], c["rank"])
 
 
@@ -1179,14 +1763,14 @@ def markdown(data: dict) -> str:
     for rel in releases:
         rows = [c for c in data["cases"] if c["release"] == rel]
         out += [f"### sglang {rel}", "", "Summary (worst over the ranks run; NEXTN and DSPARK at dcp 1 and 8):", "",
-                "| algorithm | draft-backend flag (backend) | dcp | " + " | ".join(PASSES) + " |",
-                "|---|---|---|" + "---|" * len(PASSES)]
+                "| algorithm | target backend | draft-backend flag (backend) | dcp | " + " | ".join(PASSES) + " |",
+                "|---|---|---|---|" + "---|" * len(PASSES)]
         for c in rows:
             if c["rank"] != 0 or c["dcp"] not in (1, 8):
                 continue
-            peers = [d for d in rows if (d["algorithm"], d.get("draft_backend_flag"), d["dcp"])
-                     == (c["algorithm"], c.get("draft_backend_flag"), c["dcp"])]
-            out.append(f"| {c['algorithm']} | {flag_name(c)} | {c['dcp']} | "
+            peers = [d for d in rows if (d["algorithm"], d["target_backend"], d.get("draft_backend_flag"), d["dcp"])
+                     == (c["algorithm"], c["target_backend"], c.get("draft_backend_flag"), c["dcp"])]
+            out.append(f"| {c['algorithm']} | {c['target_backend']} | {flag_name(c)} | {c['dcp']} | "
                        + " | ".join(worst_cell([d["passes"][p] for d in peers]) for p in PASSES) + " |")
         out += ["", "| algorithm | draft (kind) | target / draft backend (flag) | dcp | rank | "
                 + " | ".join(PASSES) + " |", "|---|---|---|---|---|" + "---|" * len(PASSES)]
@@ -1197,11 +1781,12 @@ def markdown(data: dict) -> str:
         out += ["", "Details (the largest dcp, last rank, of each case):", ""]
         seen = set()
         for c in reversed(rows):
-            k = (c["algorithm"], c.get("draft_backend_flag"))
+            k = (c["algorithm"], c["target_backend"], c.get("draft_backend_flag"))
             if k in seen:
                 continue
             seen.add(k)
-            out.append(f"- {c['algorithm']} / {flag_name(c)}, dcp {c['dcp']} rank {c['rank']}:")
+            out.append(f"- {c['algorithm']} / target {c['target_backend']} / {flag_name(c)}, dcp {c['dcp']} "
+                       f"rank {c['rank']}:")
             for p in PASSES:
                 q = c["passes"][p]
                 out.append(f"  - {p}: **{q['verdict']}**: {q['detail']} (after HiCache: "
@@ -1236,7 +1821,9 @@ CONTROLS = ("shift-write", "no-translate")
 
 @contextlib.contextmanager
 def control(name: str) -> Iterator[None]:
-    """Negative controls: a one-row shift in the MLA write door, or no DCP read translation in the eager decode."""
+    """Negative controls: a one-row shift in the MLA write door, or no DCP read translation in the eager decode
+    (``KVIndexTranslator.translate_dcp_read_ids`` an identity from 0.5.20 on; before that, where the decode's only DCP
+    read step is ``planner.plan_dcp_decode_metadata``, that step a no-op)."""
     saved = {}
     this = sys.modules[__name__]
     if name == "shift-write":
@@ -1244,11 +1831,10 @@ def control(name: str) -> Iterator[None]:
 
         def shifted(pool, locs):  # each loc's tag lands one physical row further (loc + dcp -> row + 1)
             import torch
-            from sglang.srt.mem_cache.memory_pool import KVWriteLoc
             from sglang.srt.runtime_context import get_parallel
 
             n = max(1, get_parallel().attn_dcp_size)
-            pool.set_mla_kv_buffer(LAYER, KVWriteLoc(locs + n, physical=True), *tag_values("mla", locs))
+            pool.set_mla_kv_buffer(LAYER, this.mla_loc(pool, locs + n), *tag_values("mla", locs))
             _ = (real, torch)
 
         saved["write_mla"] = real
@@ -1258,9 +1844,15 @@ def control(name: str) -> Iterator[None]:
             from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         except ImportError:  # no translator in this release: nothing to remove
             KVIndexTranslator = None
-        if KVIndexTranslator is not None and hasattr(KVIndexTranslator, "translate_dcp_read_ids"):  # absent before 0.5.22: nothing to remove
+        if KVIndexTranslator is not None and hasattr(KVIndexTranslator, "translate_dcp_read_ids"):  # 0.5.20 on
             saved["translate"] = KVIndexTranslator.translate_dcp_read_ids
             KVIndexTranslator.translate_dcp_read_ids = lambda self, ids: ids
+        else:  # 0.5.18/0.5.19: the decode's DCP read translation is plan_dcp_decode_metadata (share + loc // N)
+            import importlib
+
+            fmb = importlib.import_module(FMB)
+            saved["plan_dcp"] = fmb.plan_dcp_decode_metadata
+            fmb.plan_dcp_decode_metadata = lambda *args, **kwargs: None
     else:
         raise ValueError(name)
     try:
@@ -1272,6 +1864,10 @@ def control(name: str) -> Iterator[None]:
             from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
             KVIndexTranslator.translate_dcp_read_ids = saved["translate"]
+        if "plan_dcp" in saved:
+            import importlib
+
+            importlib.import_module(FMB).plan_dcp_decode_metadata = saved["plan_dcp"]
 
 
 def main(argv: list[str]) -> int:
@@ -1281,7 +1877,10 @@ def main(argv: list[str]) -> int:
         for name in argv[argv.index("--control") + 1].split(","):
             with control(name):
                 out[name] = measure(dcp_sizes=(2, 8), only=[("NEXTN", None)])
-        print(json.dumps({"release": release(), "controls": out}))
+        result = {"release": release(), "controls": out}
+        if "--check" in argv:  # the freshness check in the same process (one sglang import for both)
+            result["check"] = sorted(measure(), key=sort_key) == sorted(committed_for(release()), key=sort_key)
+        print(json.dumps(result))
         return 0
     records = measure()
     rel = release()
