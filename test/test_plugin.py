@@ -344,7 +344,10 @@ class _Series:
         ("0.5.17", [("sglang-0.5.17", "applied")], {}, "series sglang-0.5.17 applied; the plugin stands aside"),
         ("0.5.16", [], {}, "the plugin does not handle sglang 0.5.16; only a series would do: no series here applies"),
         (None, [], {}, "the plugin does not handle sglang of unknown version"),
-        ("0.5.18", [], {}, "sglang 0.5.18 carries the fix upstream; the plugin leaves it alone"),
+        # The pass map shows 0.5.18's speculative passes reading other rows under DCP: the speculative check is its carry.
+        ("0.5.18", [], {}, "sglang 0.5.18 carries the fix upstream; at run time the plugin refuses under DCP, at argument "
+                           "time, the speculative launches the pass map shows reading other rows"),
+        ("0.5.16", [], {}, "the plugin does not handle sglang 0.5.16"),
         ("0.5.19", [], {}, "sglang 0.5.19 carries the fix upstream; at run time the plugin stops a short draft sidecar at startup"),
         ("0.5.22", [], {}, "at run time the plugin prices the draft sidecar in auto-sizing and stops a short draft sidecar at startup"),
         ("0.5.23", [("upstream-next", "applicable")], {},
