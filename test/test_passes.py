@@ -37,6 +37,7 @@ def pass_map(tmp_path, monkeypatch):
         _case("DSPARK", flag="triton", backend="triton", dcp=4, DRAFT_EXTEND="wrong-rows"),
         _case("DSPARK", flag="triton", backend="triton"),
         _case("DSPARK", target="fa3", rank=0),
+        _case("NEXTN", kind="mla", backend="fa3", target="fa3", rank=0, EXTEND="wrong-rows"),
         _case("NEXTN", kind="mla", backend="flashinfer_mla", rank=7, TARGET_VERIFY="raises",
               DRAFT_DECODE_GRAPH="wrong-rows"),
         _case("NEXTN", kind="mla", backend="flashinfer_mla", rank=0, DRAFT_DECODE_GRAPH="consistent"),
@@ -50,7 +51,7 @@ def pass_map(tmp_path, monkeypatch):
 
 
 def test_the_worst_rank_decides_each_pass(pass_map):
-    judged = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True)
+    judged = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True, target_backend="flashinfer")
     assert judged.mapped
     broken = {f.name: (f.verdict, f.rank) for f in judged.broken}
     assert broken == {"TARGET_VERIFY": ("raises", 7), "DRAFT_DECODE_GRAPH": ("wrong-rows", 7)}
@@ -82,7 +83,9 @@ def test_a_draft_backend_flag_picks_its_own_cases_at_every_mapped_dcp(pass_map):
 def test_a_named_target_backend_picks_its_cases_and_an_unnamed_one_is_said(pass_map):
     assert passes.judge("0.5.23", "DSPARK", dcp=8, own_layer=False, target_backend="fa3").findings
     unnamed = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True)
-    assert "names no --attention-backend" in unnamed.summary() and "ran it on flashinfer" in unnamed.note
+    assert "names no --attention-backend" in unnamed.summary() and "ran it on fa3, flashinfer" in unnamed.note
+    # Unnamed, every target backend the map ran counts: fa3's broken extend too.
+    assert {f.name for f in unnamed.broken} == {"EXTEND", "DRAFT_DECODE_GRAPH", "TARGET_VERIFY"}
     missing = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True, target_backend="cutedsl_mla")
     assert not missing.mapped and "not cutedsl_mla" in missing.why_unmapped
 
@@ -107,6 +110,8 @@ def test_refusal_follows_the_map_in_the_series_words(pass_map):
     line = refuse("NEXTN", own_layer=True, target_backend="flashinfer", draft_backend=None)
     assert line == passes.EAGLE_ON.format(dcp=8, algorithm="NEXTN", backend="flashinfer")
     assert refuse("DSPARK", own_layer=False, target_backend="fa3", draft_backend="triton") == passes.TRITON_DRAFT.format(dcp=8)
+    assert refuse("NEXTN", own_layer=True, target_backend="fa3", draft_backend=None) == passes.FA3_ON.format(
+        dcp=8, algorithm="NEXTN")
     # A target backend the map did not run is left to sglang; so is one whose passes are all consistent.
     assert refuse("NEXTN", own_layer=True, target_backend="cutedsl_mla", draft_backend=None) is None
     assert refuse("DSPARK", own_layer=False, target_backend="fa3", draft_backend=None) is None
