@@ -25,12 +25,12 @@ from trees import TREE
 RELEASE = TREES[TREE].sglang
 SERIES_TREE = TREE == "next-patched"
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
-# What status says for each sidecar hook the plugin installs on a release.
+# What status says for each hook the plugin installs on a release after the upstream fix.
 STATUS_PHRASE = {
     f"{ASSEMBLER}.build_kv_only_stack": "counts the draft sidecar in --hicache-size",
     f"{ASSEMBLER}.build_full_draft_pools": "stops a short draft sidecar at startup",
     "sglang.srt.mem_cache.hicache_auto_size._draft_bytes": "prices the draft sidecar in auto-sizing",
-    "sglang.srt.arg_groups.hicache_hook.resolve_hicache_dcp_compatibility": "admits the NextN (MTP) draft",
+    "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding": "refuses under DCP, at argument time, the speculative launches",
 }
 
 
