@@ -262,12 +262,14 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     name = (algorithm or "").upper()
     if dcp <= 1 or not name:
         return None
+    # The reads after a load-back count whether or not this launch has HiCache: a row a wrong write hits depends
+    # on the loc layout, and the load-back is one more layout.
     common = dict(dcp=dcp, own_layer=own_layer, target_mla=mla, draft_backend=draft_backend, hicache=True)
-    if draft_backend is not None and passes_broken(judge(version, name, draft_side_only=True, **common)):
+    draft_side = judge(version, name, draft_side_only=True, **common).broken if draft_backend is not None else ()
+    if draft_side:
         if name == "DSPARK" and draft_backend == "triton":
             return TRITON_DRAFT.format(dcp=dcp)
-        first = judge(version, name, draft_side_only=True, **common).broken[0]
-        return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {first.line()}."
+        return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {draft_side[0].line()}."
     if target_backend is None:
         return None
     judged = judge(version, name, target_backend=target_backend, **{**common, "draft_backend": None})
@@ -280,7 +282,3 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     if name == "DSPARK":
         return DSPARK_ON.format(dcp=dcp, backend=target_backend)
     return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {judged.broken[0].line()}."
-
-
-def passes_broken(judged: Judgement) -> bool:
-    return bool(judged.broken)
