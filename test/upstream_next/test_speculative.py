@@ -16,6 +16,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +29,8 @@ from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
 from trees import TREE
 
 # An external MLA draft: a one-layer DeepSeek-V3-shaped stand-in (test/data).
-MLA_DRAFT = str(Path(__file__).resolve().parents[1] / "data" / "deepseek-v3-mla-draft")
+REPO = Path(__file__).resolve().parents[2]
+MLA_DRAFT = str(REPO / "test" / "data" / "deepseek-v3-mla-draft")
 DCP8 = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
 
 
@@ -88,13 +91,22 @@ def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
 
 
 def test_the_plugins_off_switch_turns_the_refusal_off():
-    """SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0: the plugin refuses nothing, and preflight still names the broken passes."""
-    code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN", plugin_off=True)
+    """SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0: the plugin refuses nothing, and preflight still names the broken passes.
+
+    In a process of its own, as a user runs preflight: this test process may
+    have loaded the plugin through load_plugins() already (next-plugin).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in (WHITELIST_ENV, SWITCH_ENV)}
+    env.update({SWITCH_ENV: "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))})
+    argv = [sys.executable, "-m", "sglang_dcp_dspark", "preflight", "--json", "--device-rows", "540000", "--",
+            *DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    report = json.loads(done.stdout)
     assert not report["plugin"]["enabled"]
     if TREE == "next-patched":  # the series refuses it in sglang's own code, whatever the plugin's switch says
-        assert code == 1
+        assert done.returncode == 1, report["verdict"]["line"]
     else:
-        assert code == 5 and report["passed"] and "TARGET_VERIFY" in report["verdict"]["line"]
+        assert done.returncode == 5 and report["passed"] and "TARGET_VERIFY" in report["verdict"]["line"]
 
 
 @pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])
