@@ -94,8 +94,17 @@ class RecordingWrapper:
                  kv_len_arr=None, **kwargs) -> None:
         import torch
 
-        self.use_cuda_graph = use_cuda_graph
+        self.use_cuda_graph = self.is_cuda_graph_enabled = use_cuda_graph
+        # flashinfer's MHA prefill wrapper names its bound buffers paged_kv_*_buf (the MLA wrapper: kv_indices ...)
+        kv_indices = kwargs.get("paged_kv_indices_buf") if kv_indices is None else kv_indices
+        kv_indptr = kwargs.get("paged_kv_indptr_buf") if kv_indptr is None else kv_indptr
+        qo_indptr = kwargs.get("qo_indptr_buf") if qo_indptr is None else qo_indptr
         self.bound_indices, self.bound_indptr = kv_indices, kv_indptr
+        # what sglang's sync-free fast_prefill_plan (a CUDA-graph replay) copies into and checks
+        self._paged_kv_indices_buf, self._paged_kv_indptr_buf = kv_indices, kv_indptr
+        self._paged_kv_last_page_len_buf = kwargs.get("paged_kv_last_page_len_buf")
+        self._custom_mask_buf, self._mask_indptr_buf = kwargs.get("custom_mask_buf"), kwargs.get("mask_indptr_buf")
+        self._backend, self._max_total_num_rows, self.device = kwargs.get("backend"), None, "cpu"
         self.kv_indptr = self.kv_indices = None
         self.plans = 0
         self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
@@ -1449,14 +1458,17 @@ def nextn_fa3_case(dcp: int, rank: int) -> tuple[Case, dict]:
 ATT = "sglang.srt.layers.attention"
 TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator"
 DSPARK_DRAFT_WHERE = {
-    "flashinfer": f"{ATT}.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata (TARGET_VERIFY) -> "
+    "flashinfer": f"{ATT}.flashinfer_backend.FlashInferAttnBackend.init_forward_metadata (TARGET_VERIFY) and, as a "
+                  "CUDA graph, init_cuda_graph_state + init_forward_metadata_out_graph (capture, replay) -> "
                   "sglang.srt.speculative.dflash_info.DFlashVerifyInput.generate_attn_arg_prefill "
                   f"({TRANSLATOR}.pack_read_stream)",
     "fa3": f"{ATT}.flashattention_backend.FlashAttentionBackend.init_forward_metadata (TARGET_VERIFY, page_table) -> "
            f"{TRANSLATOR}.read_table",
     "triton": f"{ATT}.triton_backend.TritonAttnBackend.init_forward_metadata (TARGET_VERIFY) -> "
               f"TritonAttnBackend._fill_kv_indptr_and_indices ({TRANSLATOR}.pack_read_stream)",
-    "trtllm_mha": f"{ATT}.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata (TARGET_VERIFY)",
+    "trtllm_mha": f"{ATT}.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata (TARGET_VERIFY: "
+                  f"{TRANSLATOR}.read_table, else _fill_page_table_device over req_to_token) and, as a CUDA graph, "
+                  "init_forward_metadata_out_graph + init_forward_metadata_in_graph (_apply_cuda_graph_metadata)",
 }
 DSPARK_DRAFT_FORWARD = ("sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer._run_forward "
                         "(ForwardMode.TARGET_VERIFY on the draft runner) -> ")
@@ -1509,7 +1521,128 @@ def pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, *, 
     b = fb(forward_mode=ForwardMode.TARGET_VERIFY, **seqs(req.S), positions=torch.arange(req.S, req.S + DSPARK_BLOCK))
     bind_plan(plan, b, tr, cols=slice(0, DSPARK_BLOCK))
     where += ", bound to the draft block's batch, columns [0, query_token_num)"
+    if backend in DRAFT_OBJECTS:
+        try:
+            be = draft_backend_object(backend, pool, req, tr)
+        except Exception as exc:  # a release whose __init__ reads what the stand-in runner lacks
+            built = f"its backend object could not be built on CPU ({raised(exc)['detail']})"
+            if backend == "trtllm_mha":
+                return with_plan({"verdict": "not-run", "detail": f"trtllm_mha: {built}"}, where)
+            out = _pass_dspark_draft(backend, pool, req, dcp, rank, tr, b.kv_loc_plan)
+            return with_plan(dict(out, detail=f"{out['detail']} (the read-id builder alone: {built})"), where)
+        return with_plan(_pass_dspark_draft_object(backend, be, pool, req, tr, plan), where)
     return with_plan(_pass_dspark_draft(backend, pool, req, dcp, rank, tr, b.kv_loc_plan), where)
+
+
+# The draft backends whose real object the harness builds for DSPARK's block forward (eager and CUDA-graph form);
+# the others are judged on their read-id builder (fa3's read_table, triton's _fill_kv_indptr_and_indices).
+DRAFT_OBJECTS = {"flashinfer": f"{ATT}.flashinfer_backend.FlashInferAttnBackend",
+                 "trtllm_mha": f"{ATT}.trtllm_mha_backend.TRTLLMHAAttnBackend"}
+
+
+def draft_runner(pool, req: Request, tr, backend: str):
+    """The stand-in draft model runner, with what the MHA backends' ``__init__`` reads of a dense draft."""
+    import torch
+
+    # the server-args fields these __init__s read (0.5.18 reads them off model_runner.server_args), at their defaults
+    args = SimpleNamespace(dllm_algorithm=None, enable_mis=False, enable_deterministic_inference=False)
+    mr = model_runner(pool, req.req_to_token, tr, server_args=args)
+    mc = mr.model_config
+    mc.get_num_kv_heads = lambda *tp_and_dcp: MHA_KV_HEADS  # (attn_tp_size[, attn_dcp_size]) by release
+    mc.get_max_num_attention_heads = lambda *a: HEADS
+    mc.hidden_size = HEADS * MHA_HEAD_DIM
+    mr.prefill_attention_backend_str = mr.decode_attention_backend_str = backend
+    mr.model, mr.max_running_requests, mr.is_draft_worker = torch.nn.Module(), 4, True
+    mr.spec_algorithm = spec_algorithm("DSPARK")
+    return mr
+
+
+@contextlib.contextmanager
+def device_probes_answered() -> Iterator[None]:
+    """trtllm_mha's ``__init__`` sizes a workspace counter with ``flashinfer.utils`` device probes (the SM count, the
+    trtllm-gen counter size), read in ``trtllm_mla_backend``: answered here, as for an H100-sized part."""
+    import importlib
+
+    mla = importlib.import_module(f"{ATT}.trtllm_mla_backend")
+    probes = SimpleNamespace(utils=SimpleNamespace(get_device_sm_count=lambda device: 132,
+                                                   get_trtllm_gen_multi_ctas_kv_counter_bytes=lambda *a, **k: 64))
+    saved = getattr(mla, "flashinfer", None)
+    mla.flashinfer = probes
+    try:
+        yield
+    finally:
+        if saved is None:
+            del mla.flashinfer
+        else:
+            mla.flashinfer = saved
+
+
+def draft_backend_object(backend: str, pool, req: Request, tr):
+    """The draft runner's attention backend, built by its own ``__init__`` (flashinfer's wrappers are recorders)."""
+    import importlib
+
+    module, _, name = DRAFT_OBJECTS[backend].rpartition(".")
+    fbm = importlib.import_module(f"{ATT}.flashinfer_backend")
+    stub_flashinfer(fbm)
+    with fa3_spec("DSPARK"), (device_probes_answered() if backend == "trtllm_mha" else contextlib.nullcontext()):
+        return getattr(importlib.import_module(module), name)(draft_runner(pool, req, tr, backend))
+
+
+def _block_batch(req: Request, tr, plan, be, *, seq_len: int | None = None):
+    """``DraftBlockProposer._run_forward``'s batch: TARGET_VERIFY with ``seq_lens`` the committed prefix, and host
+    lengths prefix + ``query_token_num`` (None where the backend says ``needs_cpu_seq_lens = False``), the block's
+    tokens, ``make_draft_block_spec_info``'s spec input, the window plan bound to columns [0, query_token_num)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    S, n = (req.S if seq_len is None else seq_len), DSPARK_BLOCK
+    spec = verify_input("DSPARK")
+    spec.draft_token_num = n
+    lens = seqs(S)
+    if getattr(be, "needs_cpu_seq_lens", True):
+        lens.update(seq_lens_cpu=lens["seq_lens_cpu"] + n, seq_lens_sum=S + n)
+    else:
+        lens.update(seq_lens_cpu=None, seq_lens_sum=None)
+    b = fb(forward_mode=ForwardMode.TARGET_VERIFY, **lens, positions=torch.arange(S, S + n), spec_info=spec,
+           input_ids=torch.zeros(n, dtype=torch.long),
+           out_cache_loc=None if seq_len is None else torch.zeros(n, dtype=torch.int64))
+    if seq_len is None:
+        bind_plan(plan, b, tr, cols=slice(0, n))
+    else:
+        bind_runner_slots(b, tr)
+    return b
+
+
+def _draft_object_rows(backend: str, be, *, graph: bool) -> list[int]:
+    """The ids the kernel reads for the block: flashinfer's verify wrapper (eager) or the one bound at capture
+    (graph); trtllm_mha's page table over ``cache_seqlens``."""
+    if backend == "trtllm_mha":
+        return fa3_rows(be.forward_metadata)
+    wrapper = be.prefill_cuda_graph_metadata[1][0] if graph else be.prefill_wrappers_verify[0]
+    return wrapper.kernel_ids()
+
+
+def _pass_dspark_draft_object(backend: str, be, pool, req: Request, tr, plan) -> dict:
+    """The block forward on the real backend object, in both forms the draft runner takes: eager
+    (``init_forward_metadata``) and CUDA graph (``init_cuda_graph_state``, a capture on the runner's own slots,
+    then the replay's ``init_forward_metadata_out_graph`` and, for trtllm_mha, its in-graph metadata kernel
+    ``init_forward_metadata_in_graph``), as ``DraftBlockProposer._run_forward`` runs it through the draft runner's
+    ``decode_cuda_graph_runner`` when ``can_run_graph``."""
+    want = req.locs(req.S + DSPARK_BLOCK)  # the block's K/V are read back from the cache, after the prefix
+    be.init_forward_metadata(_block_batch(req, tr, plan, be))
+    eager = judge("mha", pool, _draft_object_rows(backend, be, graph=False), want)
+    graph_be = draft_backend_object(backend, pool, req, tr)
+    graph_be.init_cuda_graph_state(1, DSPARK_BLOCK)
+    graph_be.init_forward_metadata_out_graph(_block_batch(req, tr, plan, graph_be, seq_len=1), in_capture=True)
+    live = _block_batch(req, tr, plan, graph_be)
+    graph_be.init_forward_metadata_out_graph(live, in_capture=False)
+    if hasattr(graph_be, "init_forward_metadata_in_graph"):
+        graph_be.init_forward_metadata_in_graph(live)
+    graph = judge("mha", pool, _draft_object_rows(backend, graph_be, graph=True), want)
+    for form, r in (("CUDA graph", graph), ("eager", eager)):
+        if r["verdict"] != "consistent":
+            return dict(r, detail=f"{form}: {r['detail']}")
+    return {"verdict": "consistent", "detail": f"CUDA graph: {graph['detail']}; eager: {eager['detail']}"}
 
 
 def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr, plan) -> dict:
@@ -1622,7 +1755,8 @@ def dspark_case(flag: str | None, dcp: int, rank: int, target_backend: str = "fl
                 "DRAFT_DECODE_GRAPH": dict(not_run),
                 "DRAFT_DECODE_EAGER": dict(not_run),
                 "DRAFT_EXTEND": run_pass(lambda: pass_dspark_draft(draft_backend, draft, req, dcp, rank, tr_t=tr_t),
-                                         DSPARK_DRAFT_FORWARD + dspark_draft_where(draft_backend)),
+                                         DSPARK_DRAFT_FORWARD + dspark_draft_where(draft_backend)
+                                         + (kimi_k3_note() if draft_backend == "trtllm_mha" else "")),
                 "TARGET_VERIFY_GRAPH": run_pass(lambda: pass_target_verify_graph(target, req, dcp, rank, striped_t,
                                                                                  algorithm="DSPARK", tr_t=tr_t),
                                                 nextn_where()["TARGET_VERIFY_GRAPH"].replace(
@@ -1689,6 +1823,42 @@ def default_draft_backend(target_backend: str = "flashinfer_mla") -> str:
     return args.speculative_draft_attention_backend
 
 
+KIMI_K3_HOOK = "sglang.srt.arg_groups.kimi_k3_hook.apply_kimi_k3_spec_backend_defaults"
+
+
+@functools.cache
+def kimi_k3_draft_backend() -> str | None:
+    """What the release's Kimi-K3 hook sets ``--speculative-draft-attention-backend`` to for a DSPARK launch with
+    the flag unset, on an SM100 part (the platform probe, a device probe, answered as SM100): run here with the
+    server args' resolution views standing in, as ``default_draft_backend`` does."""
+    from unittest import mock
+
+    from sglang.srt.arg_groups import kimi_k3_hook as hook
+
+    args = SimpleNamespace(speculative_algorithm="DSPARK", speculative_draft_attention_backend=None,
+                           linear_attn_verify_backend="set")  # the verify pin is another flag's business
+    sm100 = SimpleNamespace(is_sm100=True)
+    with contextlib.ExitStack() as stack:
+        for name, value in (("resolving_view", lambda a: a), ("get_platform", lambda: sm100),
+                            ("declare_resolution", lambda a, who, **kw: vars(a).update(kw))):
+            if hasattr(hook, name):
+                stack.enter_context(mock.patch.object(hook, name, value))
+        from sglang.srt import utils  # 0.5.18/0.5.19 ask sglang.srt.utils.is_sm100_supported inside the hook
+
+        if hasattr(utils, "is_sm100_supported"):
+            stack.enter_context(mock.patch.object(utils, "is_sm100_supported", lambda *a: True))
+        hook.apply_kimi_k3_spec_backend_defaults(args)
+    return args.speculative_draft_attention_backend
+
+
+def kimi_k3_note() -> str:
+    try:
+        chosen = kimi_k3_draft_backend()
+    except Exception as exc:
+        return f"; {KIMI_K3_HOOK} could not be run here: {raised(exc)['detail']}"
+    return f"; {KIMI_K3_HOOK} (a Kimi hybrid DSPARK launch on SM100, flag unset) sets the draft backend to {chosen}"
+
+
 def set_up_failed(algorithm, flag, dcp, rank, exc, target_backend: str = "flashinfer_mla") -> tuple[Case, dict]:
     kind = "mla" if algorithm == "NEXTN" else "mha"
     draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
@@ -1704,6 +1874,70 @@ def set_up_failed(algorithm, flag, dcp, rank, exc, target_backend: str = "flashi
     msg = {"verdict": "not-run", "detail": f"the harness could not build this release's pools/backends on CPU: "
            f"{r['detail']}", "where": "test/spec/passmap.py (set-up)"}
     return case, {p: dict(msg, after_hicache={"verdict": "not-run", "detail": msg["detail"]}) for p in PASSES}
+
+
+# ---------------------------------------------------------------- probes: launches refused before any pass runs
+
+REGISTRY = "sglang.srt.layers.attention.attention_registry"
+
+
+def probe_trtllm_mla_target(dcp: int = 8) -> dict:
+    """``--attention-backend trtllm_mla`` on the MLA target, speculative decoding on, at ``dcp``: the release's own
+    backend factory (``ATTENTION_BACKENDS["trtllm_mla"]``), with the decode backend it resolves standing in for
+    the resolved server args. (At dcp 1 the check must let it through: the probe's own control.)"""
+    import importlib
+    from unittest import mock
+
+    from sglang.srt.runtime_context import get_spec
+
+    reg = importlib.import_module(REGISTRY)
+    # 0.5.18 asks the server args themselves (speculative_algorithm, get_attention_backends())
+    args = SimpleNamespace(speculative_algorithm="EAGLE", get_attention_backends=lambda: ("trtllm_mla", "trtllm_mla"))
+    runner = SimpleNamespace(use_mla_backend=True, server_args=args)
+    out = {"probe": f"--attention-backend trtllm_mla on the MLA target, speculative decoding, dcp {dcp}",
+           "where": f"{REGISTRY}.create_trtllm_mla_backend (ATTENTION_BACKENDS['trtllm_mla'])"}
+    with on_rank(dcp, 0), get_spec().override(speculative_algorithm="EAGLE"), contextlib.ExitStack() as stack:
+        for name, value in (("attention_backends_of", lambda view: ("trtllm_mla", "trtllm_mla")),
+                            ("resolved_view", lambda a: a)):
+            if hasattr(reg, name):
+                stack.enter_context(mock.patch.object(reg, name, value))
+        try:
+            reg.ATTENTION_BACKENDS["trtllm_mla"](runner)
+        except ValueError as exc:
+            return dict(out, verdict="not-admitted", detail=f"ValueError: {exc}")
+        except Exception as exc:  # past the check: building the backend itself needs the GPU
+            return dict(out, verdict="not-run", detail=f"the factory admits it; building it here stopped at "
+                        f"{raised(exc)['detail']}")
+    return dict(out, verdict="not-run", detail="the factory admits it; its passes are not mapped")
+
+
+def probe_flashinfer_mla_topk() -> dict:
+    """``--speculative-eagle-topk 2`` with a flashinfer-MLA draft: the release's own multi-step draft backend."""
+    import importlib
+
+    fmb = importlib.import_module(FMB)
+    out = {"probe": "--speculative-eagle-topk 2 with a flashinfer-MLA draft (NEXTN)",
+           "where": f"{FMB}.FlashInferMLAMultiStepDraftBackend.__init__"}
+    try:
+        fmb.FlashInferMLAMultiStepDraftBackend(SimpleNamespace(), topk=2, speculative_num_steps=STEPS)
+    except ValueError as exc:
+        return dict(out, verdict="not-admitted", detail=f"ValueError: {exc}")
+    except Exception as exc:
+        return dict(out, verdict="not-run", detail=f"topk 2 passes the check; building it here stopped at "
+                    f"{raised(exc)['detail']}")
+    return dict(out, verdict="not-run", detail="topk 2 is admitted; its passes are not mapped")
+
+
+def probes() -> list[dict]:
+    records = []
+    for probe in (probe_trtllm_mla_target, probe_flashinfer_mla_topk):
+        try:
+            r = probe()
+        except Exception as exc:  # the release lacks what the probe drives
+            r = {"probe": probe.__name__, "where": "test/spec/passmap.py", "verdict": "not-run",
+                 "detail": f"the harness could not run this probe: {raised(exc)['detail']}"}
+        records.append(dict(r, release=release()))
+    return records
 
 
 def measure(dcp_sizes=DCP_SIZES, only: list | None = None) -> list[dict]:
@@ -1729,9 +1963,15 @@ def sort_key(c: dict) -> tuple:
             c["draft_backend"] or "", c["dcp"], c["rank"])
 
 
-def merge(old: dict | None, records: list[dict], rel: str) -> dict:
+def merge(old: dict | None, records: list[dict], probe_records: list[dict], rel: str) -> dict:
     kept = [c for c in (old or {}).get("cases", []) if c["release"] != rel]
-    return {"generated_by": GENERATED_BY, "passes": list(PASSES), "cases": sorted(kept + records, key=sort_key)}
+    kept_probes = [r for r in (old or {}).get("probes", []) if r["release"] != rel]
+    return {"generated_by": GENERATED_BY, "passes": list(PASSES), "cases": sorted(kept + records, key=sort_key),
+            "probes": sorted(kept_probes + probe_records, key=probe_key)}
+
+
+def probe_key(r: dict) -> tuple:
+    return tuple(int(x) for x in r["release"].split(".")[:3]), r["probe"]
 
 
 def load() -> dict | None:
@@ -1772,6 +2012,11 @@ def markdown(data: dict) -> str:
                      == (c["algorithm"], c["target_backend"], c.get("draft_backend_flag"), c["dcp"])]
             out.append(f"| {c['algorithm']} | {c['target_backend']} | {flag_name(c)} | {c['dcp']} | "
                        + " | ".join(worst_cell([d["passes"][p] for d in peers]) for p in PASSES) + " |")
+        probe_rows = [r for r in data.get("probes", []) if r["release"] == rel]
+        if probe_rows:
+            out += ["", "Launches refused before any pass runs (probes):", "", "| launch | verdict | detail | where |",
+                    "|---|---|---|---|"]
+            out += [f"| {r['probe']} | {r['verdict']} | {r['detail']} | `{r['where']}` |" for r in probe_rows]
         out += ["", "| algorithm | draft (kind) | target / draft backend (flag) | dcp | rank | "
                 + " | ".join(PASSES) + " |", "|---|---|---|---|---|" + "---|" * len(PASSES)]
         for c in rows:
@@ -1804,6 +2049,15 @@ def write_doc(data: dict) -> None:
 
 def committed_for(rel: str) -> list[dict]:
     return [c for c in (load() or {}).get("cases", []) if c["release"] == rel]
+
+
+def committed_probes_for(rel: str) -> list[dict]:
+    return [r for r in (load() or {}).get("probes", []) if r["release"] == rel]
+
+
+def fresh(records: list[dict], probe_records: list[dict], rel: str) -> bool:
+    return (sorted(records, key=sort_key) == sorted(committed_for(rel), key=sort_key)
+            and sorted(probe_records, key=probe_key) == sorted(committed_probes_for(rel), key=probe_key))
 
 
 def prepare() -> None:
@@ -1877,26 +2131,26 @@ def main(argv: list[str]) -> int:
         for name in argv[argv.index("--control") + 1].split(","):
             with control(name):
                 out[name] = measure(dcp_sizes=(2, 8), only=[("NEXTN", None)])
-        result = {"release": release(), "controls": out}
+        result = {"release": release(), "controls": out, "probe_control": probe_trtllm_mla_target(dcp=1)}
         if "--check" in argv:  # the freshness check in the same process (one sglang import for both)
-            result["check"] = sorted(measure(), key=sort_key) == sorted(committed_for(release()), key=sort_key)
+            result["check"] = fresh(measure(), probes(), release())
         print(json.dumps(result))
         return 0
-    records = measure()
+    records, probe_records = measure(), probes()
     rel = release()
     if "--json" in argv:
-        print(json.dumps(records, indent=1))
+        print(json.dumps({"cases": records, "probes": probe_records}, indent=1))
         return 0
     if "--check" in argv:
-        ok = sorted(records, key=sort_key) == sorted(committed_for(rel), key=sort_key)
+        ok = fresh(records, probe_records, rel)
         print(f"sglang {rel}: {'matches' if ok else 'DIFFERS FROM'} {DATA.relative_to(REPO)}")
         return 0 if ok else 1
-    data = merge(load(), records, rel)
+    data = merge(load(), records, probe_records, rel)
     if "--write" in argv:
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         write_doc(data)
-    print(markdown({"cases": records}))
+    print(markdown({"cases": records, "probes": probe_records}))
     return 0
 
 

@@ -62,6 +62,10 @@ def test_schema() -> None:
             p = case["passes"][name]
             assert p["verdict"] in verdicts and p["after_hicache"]["verdict"] in verdicts
             assert p["detail"] and p["where"]
+    assert {r["release"] for r in data["probes"]} == {c["release"] for c in data["cases"]}
+    for probe in data["probes"]:
+        assert set(probe) == {"release", "probe", "verdict", "detail", "where"}
+        assert probe["verdict"] in verdicts and probe["detail"] and probe["where"]
 
 
 @on_a_mapped_tree
@@ -109,3 +113,14 @@ def test_negative_control(control: str, passes: tuple[str, ...]) -> None:
             checked += 1
     if not checked:
         pytest.skip(f"sglang {release}: no NEXTN pass is consistent at dcp > 1 in the committed map")
+
+
+@on_a_mapped_tree
+def test_probe_control() -> None:
+    """The trtllm_mla probe's refusal is the release's DCP check, not a failure to build: at dcp 1 the same factory
+    call gets past it."""
+    control = _controls_run()["probe_control"]
+    assert control["verdict"] != "not-admitted", control
+    committed = [r for r in json.loads(DATA.read_text(encoding="utf-8"))["probes"]
+                 if r["release"] == _release() and "trtllm_mla" in r["probe"]]
+    assert committed and committed[0]["verdict"] == "not-admitted", committed
