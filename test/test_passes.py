@@ -42,6 +42,8 @@ def pass_map(tmp_path, monkeypatch):
               DRAFT_DECODE_GRAPH="wrong-rows"),
         _case("NEXTN", kind="mla", backend="flashinfer_mla", rank=0, DRAFT_DECODE_GRAPH="consistent"),
         _case("DSPARK", dcp=1),
+        # an external dense EAGLE3 draft, mapped on flashinfer MLA only: its own draft passes, the target's verify
+        _case("EAGLE3", backend="flashinfer", rank=0, TARGET_VERIFY="wrong-rows"),
     ]
     path = tmp_path / "spec_passes.json"
     path.write_text(json.dumps({"passes": ["EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND",
@@ -61,9 +63,21 @@ def test_the_worst_rank_decides_each_pass(pass_map):
 
 
 def test_eagle_with_the_targets_own_layer_is_judged_as_nextn(pass_map):
-    assert passes.judge("0.5.23", "EAGLE", dcp=8, own_layer=True).broken
-    # An external EAGLE draft on an MLA target shares the target's verify: judged by the family's cases.
-    assert passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False).broken
+    judged = passes.judge("0.5.23", "EAGLE", dcp=8, own_layer=True, target_backend="flashinfer")
+    assert {f.name: f.verdict for f in judged.broken} == {"TARGET_VERIFY": "raises", "DRAFT_DECODE_GRAPH": "wrong-rows"}
+
+
+def test_an_external_draft_is_judged_by_its_own_cases_and_borrows_only_where_unmapped(pass_map):
+    # On flashinfer MLA the map ran EAGLE3 itself: its dense draft's passes, not NextN's wrong draft decode.
+    own = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer")
+    assert {f.name for f in own.broken} == {"TARGET_VERIFY"} and "EAGLE family" not in own.note
+    # On fa3 it ran no EAGLE3 case: the family's cases there (NextN's, with the target's broken extend), said so.
+    borrowed = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="fa3")
+    assert "EXTEND" in {f.name for f in borrowed.broken}
+    assert "on fa3 the map has no EAGLE3 case: judged by the EAGLE family's (NEXTN)" in borrowed.note
+    # The draft's own passes are never borrowed from another draft.
+    side = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, draft_side_only=True)
+    assert not side.broken
 
 
 def test_the_reads_after_a_load_back_count_only_with_hicache(pass_map):

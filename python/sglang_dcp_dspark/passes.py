@@ -131,15 +131,18 @@ def release_key(version: str) -> str:
     return ".".join(str(version).split("+")[0].split(".")[:3])
 
 
-def _algorithms(algorithm: str, own_layer: bool, target_mla: bool) -> tuple[str, ...]:
+def _algorithms(algorithm: str, own_layer: bool) -> tuple[str, ...]:
+    """The map's cases for a launch's algorithm: EAGLE with no draft path of its own is NEXTN."""
     algorithm = (algorithm or "").upper()
     if algorithm in NEXTN_ALIASES and own_layer:
-        return NEXTN_ALIASES
-    if algorithm in EAGLE_FAMILY and target_mla:
-        # The family shares the target's TARGET_VERIFY and, on an MLA draft, the draft backend's
-        # decode and extend builders: an external draft is judged like the target's own layer.
-        return EAGLE_FAMILY
+        return ("NEXTN",)
     return (algorithm,)
+
+
+def _cases(release: str, algorithms: tuple[str, ...], target_kind: str, draft_kind: str | None) -> list[dict]:
+    cases = [c for c in load()["cases"] if c["release"] == release and c["algorithm"] in algorithms and c["dcp"] > 1
+             and c.get("target_kind", "mla") == target_kind]
+    return [c for c in cases if draft_kind is None or c.get("draft_kind") in (None, draft_kind)]
 
 
 def measured(release: str) -> bool:
@@ -179,13 +182,19 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
         return Judgement(release, name, dcp, False, why_unmapped="no speculative decoding under DCP")
     if release not in releases():
         return Judgement(release, name, dcp, False, why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
-    wanted = _algorithms(name, own_layer, target_mla)
     target_kind = "mla" if target_mla else "mha"
     # The map's targets are MLA models (a DeepSeek-V3 shape) unless a case says otherwise.
-    cases = [c for c in load()["cases"] if c["release"] == release and c["algorithm"] in wanted and c["dcp"] > 1
-             and c.get("target_kind", "mla") == target_kind]
-    if draft_kind is not None:
-        cases = [c for c in cases if c.get("draft_kind") in (None, draft_kind)]
+    cases = _cases(release, _algorithms(name, own_layer), target_kind, draft_kind)
+    family, borrowed = "", []
+    if name in EAGLE_FAMILY and target_mla and not draft_side_only:
+        # A target backend the map ran no case of this algorithm on is judged by the EAGLE family's cases there:
+        # the family shares the target's passes (its extend and TARGET_VERIFY).
+        mapped = {c["target_backend"] for c in cases}
+        borrowed = [c for c in _cases(release, EAGLE_FAMILY, target_kind, None) if c["target_backend"] not in mapped]
+        if borrowed:
+            cases += borrowed
+            family = (f"on {', '.join(sorted({FLAG_OF.get(c['target_backend'], c['target_backend']) for c in borrowed}))} "
+                      f"the map has no {name} case: judged by the EAGLE family's ({', '.join(sorted({c['algorithm'] for c in borrowed}))})")
     if not cases:
         kind = "an MLA" if target_mla else "a dense"
         return Judgement(release, name, dcp, False, why_unmapped=f"the map has no {name} case with {kind} target on sglang {release}")
@@ -205,6 +214,8 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     else:
         note = (f"the launch names no --attention-backend; sglang picks the target's on the GPU node, and the map ran "
                 f"it on {', '.join(sorted({FLAG_OF.get(b, b) for b in ran.split(', ')}))}")
+    if family and any(c in borrowed for c in flagged):
+        note = f"{note}; {family}" if note else family
     findings = _worst(flagged, hicache, dcp)
     if draft_side_only:
         findings = tuple(f for f in findings if f.name in DRAFT_PASSES)

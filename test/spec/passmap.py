@@ -298,6 +298,12 @@ def on_rank(dcp: int, rank: int):
             _ = get_parallel().attn_tp_size
         except (AssertionError, RuntimeError):  # 0.5.18/0.5.19: the sidecar context leaves attention TP unset: TP 1
             stack.enter_context(get_parallel().override(attn_tp_size=1))
+        try:
+            _ = get_parallel().attn_cp_size
+        except (AssertionError, RuntimeError, AttributeError):
+            # 0.5.18: the flashinfer backends size their CUDA-graph buffers by get_parallel().attn_cp_size, which the
+            # sidecar context leaves without a group: 1, no attention context parallelism in these launches
+            stack.enter_context(get_parallel().override(attn_cp_size=1))
         yield ops
 
 
@@ -1792,7 +1798,20 @@ def cases() -> list[tuple]:
     rank; None: the flag left unset (NEXTN's draft runs the target's backend; DSPARK's resolves to the release
     default). The fa3 target runs with the draft flag unset."""
     return ([("NEXTN", None, "flashinfer_mla")] + [("DSPARK", b, "flashinfer_mla") for b in DSPARK_DRAFT_BACKENDS]
+            + [(a, None, "flashinfer_mla") for a in EXTERNAL_DRAFTS]
             + [("NEXTN", None, "fa3"), ("DSPARK", None, "fa3")])
+
+
+# External dense drafts (LlamaForCausalLMEagle / LlamaForCausalLMEagle3): test/spec/passmap_eagle.py
+EXTERNAL_DRAFTS = ("EAGLE", "EAGLE3")
+
+
+def external_draft_case(algorithm: str, dcp: int, rank: int):
+    # One harness module, whether this file runs as a script or is imported: passmap_eagle imports spec.passmap.
+    sys.modules.setdefault("spec.passmap", sys.modules[__name__])
+    from spec import passmap_eagle
+
+    return passmap_eagle.eagle_case(algorithm, dcp, rank)
 
 
 DEFAULT_RESOLVER = "sglang.srt.arg_groups.speculative_hook._resolve_dflash_draft_attention_backend"
@@ -1861,9 +1880,12 @@ def kimi_k3_note() -> str:
 
 def set_up_failed(algorithm, flag, dcp, rank, exc, target_backend: str = "flashinfer_mla") -> tuple[Case, dict]:
     kind = "mla" if algorithm == "NEXTN" else "mha"
-    draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
+    draft_class = {"NEXTN": "DeepseekV3ForCausalLMNextN", "EAGLE": "LlamaForCausalLMEagle",
+                   "EAGLE3": "LlamaForCausalLMEagle3"}.get(algorithm, "DSparkDraftModel")
     if algorithm == "NEXTN":
         backend = target_backend
+    elif algorithm in EXTERNAL_DRAFTS:
+        backend = "flashinfer"
     else:
         try:
             backend = flag if flag is not None else default_draft_backend(target_backend)
@@ -1949,6 +1971,8 @@ def measure(dcp_sizes=DCP_SIZES, only: list | None = None) -> list[dict]:
                 try:
                     if algorithm == "NEXTN":
                         case, passes = nextn_case(dcp, rank) if target == "flashinfer_mla" else nextn_fa3_case(dcp, rank)
+                    elif algorithm in EXTERNAL_DRAFTS:
+                        case, passes = external_draft_case(algorithm, dcp, rank)
                     else:
                         case, passes = dspark_case(backend, dcp, rank, target)
                 except Exception as exc:  # the release lacks an API the harness drives
