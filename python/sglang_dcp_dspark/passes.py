@@ -203,7 +203,7 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
         flags = sorted({str(c.get("draft_backend_flag") or "default") for c in cases})
         return Judgement(release, name, dcp, False, why_unmapped=f"the map has {name} on draft backends {', '.join(flags)}, "
                                                                   f"not {draft_backend}")
-    ran = ", ".join(sorted({c["target_backend"] for c in flagged}))
+    ran = ", ".join(sorted({FLAG_OF.get(c["target_backend"], c["target_backend"]) for c in flagged}))
     note = ""
     if draft_side_only:
         pass
@@ -213,7 +213,7 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
             return Judgement(release, name, dcp, False, why_unmapped=f"the map ran the target on {ran}, not {target_backend}")
     else:
         note = (f"the launch names no --attention-backend; sglang picks the target's on the GPU node, and the map ran "
-                f"it on {', '.join(sorted({FLAG_OF.get(b, b) for b in ran.split(', ')}))}")
+                f"it on {ran}")
     if family and any(c in borrowed for c in flagged):
         note = f"{note}; {family}" if note else family
     findings = _worst(flagged, hicache, dcp)

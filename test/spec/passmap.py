@@ -73,7 +73,7 @@ STEPS, DRAFT_TOKENS = 3, 4  # EAGLE: --speculative-num-steps 3, topk 1, --specul
 DSPARK_BLOCK = 4  # DSPARK query_token_num (gamma + 1) kept small
 
 # Draft attention backends to try for a DSPARK dense draft (--speculative-draft-attention-backend); None: default.
-DSPARK_DRAFT_BACKENDS = (None, "fa3", "flashinfer", "triton", "trtllm_mha")
+DSPARK_DRAFT_BACKENDS = (None, "fa3", "fa4", "flashinfer", "triton", "trtllm_mha")
 
 
 # ---------------------------------------------------------------- GPU stand-ins (the only mocks)
@@ -1470,6 +1470,8 @@ DSPARK_DRAFT_WHERE = {
                   f"({TRANSLATOR}.pack_read_stream)",
     "fa3": f"{ATT}.flashattention_backend.FlashAttentionBackend.init_forward_metadata (TARGET_VERIFY, page_table) -> "
            f"{TRANSLATOR}.read_table",
+    "fa4": f"{ATT}.attention_registry.create_flashattention_v4_backend -> FlashAttentionBackend(fa_impl_ver=4)"
+           f".init_forward_metadata (TARGET_VERIFY, page_table) -> {TRANSLATOR}.read_table",
     "triton": f"{ATT}.triton_backend.TritonAttnBackend.init_forward_metadata (TARGET_VERIFY) -> "
               f"TritonAttnBackend._fill_kv_indptr_and_indices ({TRANSLATOR}.pack_read_stream)",
     "trtllm_mha": f"{ATT}.trtllm_mha_backend.TRTLLMHAAttnBackend.init_forward_metadata (TARGET_VERIFY: "
@@ -1495,7 +1497,7 @@ def dspark_draft_where(backend: str) -> str:
         return text
     if backend == "flashinfer":
         return text.replace(f"({TRANSLATOR}.pack_read_stream)", "(create_flashinfer_kv_indices_triton over req_to_token)")
-    if backend == "fa3":
+    if backend in ("fa3", "fa4"):
         return text.replace(f"-> {TRANSLATOR}.read_table", "(topk 1: page_table = req_to_token_pool.req_to_token"
                             "[req_pool_indices, :max_seq_len_k], no unified pool)")
     if backend == "triton":
@@ -1672,6 +1674,21 @@ def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr
             kv_indices, kv_indptr, _, _ = spec.generate_attn_arg_prefill(rpi, seq_lens, S, req.req_to_token)
         ids = [int(x) for x in kv_indices[int(kv_indptr[0]):int(kv_indptr[1])].tolist()]
         return judge("mha", pool, ids, req.locs(S + n))
+    if backend == "fa4":  # attention_registry's "fa4": FlashAttentionBackend(runner, fa_impl_ver=4)
+        import importlib
+
+        with fa3_kernels_stubbed():  # the module imports sgl_kernel, CUDA-only
+            builder = importlib.import_module(FAB).FlashAttentionBackend.init_forward_metadata
+        source = _source(builder)
+        if not source:
+            return {"verdict": "not-run", "detail": "fa4: FlashAttentionBackend.init_forward_metadata's source cannot "
+                    "be read here, so whether fa3's reading stands for it is not known"}
+        if "fa_impl_ver" in source:
+            return {"verdict": "not-run", "detail": "fa4: FlashAttentionBackend.init_forward_metadata branches on "
+                    "fa_impl_ver in this release, so fa3's reading does not stand for it"}
+        out = _pass_dspark_draft("fa3", pool, req, dcp, rank, tr, plan)
+        return dict(out, detail=f"{out['detail']}; FlashAttentionBackend.init_forward_metadata has no fa_impl_ver "
+                    "branch in this release: fa4's ids are fa3's")
     if backend == "fa3":
         if tr is not None and hasattr(tr, "read_table"):  # 0.5.22 on
             table = tr.read_table(plan if plan is not None else SimpleNamespace(req_pool_indices=rpi), rows=1)
