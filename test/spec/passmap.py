@@ -2111,7 +2111,11 @@ def prepare() -> None:
     logging.disable(logging.WARNING)
 
 
-CONTROLS = ("shift-write", "no-translate")
+CONTROLS = ("shift-write", "no-translate", "shift-mha-write")
+# The cases each control runs (at dcp 2 and 8): NEXTN's MLA passes, or DSPARK's dense draft block on the backend
+# objects the harness builds (the default flashinfer, and trtllm_mha).
+CONTROL_CASES = {"shift-write": [("NEXTN", None)], "no-translate": [("NEXTN", None)],
+                 "shift-mha-write": [("DSPARK", None), ("DSPARK", "trtllm_mha")]}
 
 
 @contextlib.contextmanager
@@ -2134,6 +2138,15 @@ def control(name: str) -> Iterator[None]:
 
         saved["write_mla"] = real
         this.write_mla = shifted
+    elif name == "shift-mha-write":  # each loc's tag one row further in the dense draft's replicated pool
+        import torch
+
+        def shifted_mha(pool, locs):
+            locs = torch.as_tensor(locs)
+            pool.set_kv_buffer(LAYER, this.write_loc(locs + 1), *tag_values("mha", locs, pool.head_num, pool.head_dim))
+
+        saved["write_mha"] = this.write_mha
+        this.write_mha = shifted_mha
     elif name == "no-translate":
         try:
             from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
@@ -2155,6 +2168,8 @@ def control(name: str) -> Iterator[None]:
     finally:
         if "write_mla" in saved:
             this.write_mla = saved["write_mla"]
+        if "write_mha" in saved:
+            this.write_mha = saved["write_mha"]
         if "translate" in saved:
             from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
@@ -2171,7 +2186,7 @@ def main(argv: list[str]) -> int:
         out = {}
         for name in argv[argv.index("--control") + 1].split(","):
             with control(name):
-                out[name] = measure(dcp_sizes=(2, 8), only=[("NEXTN", None)])
+                out[name] = measure(dcp_sizes=(2, 8), only=CONTROL_CASES[name])
         result = {"release": release(), "controls": out, "probe_control": probe_trtllm_mla_target(dcp=1)}
         if "--check" in argv:  # the freshness check in the same process (one sglang import for both)
             result["check"] = fresh(measure(), probes(), release())

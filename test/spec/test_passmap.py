@@ -37,7 +37,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @functools.cache
 def _controls_run() -> dict:
     """Both negative controls and the freshness check in one child (one sglang import), and this tree's release."""
-    out = _run("--control", "shift-write,no-translate", "--check")
+    out = _run("--control", "shift-write,no-translate,shift-mha-write", "--check")
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -124,3 +124,22 @@ def test_probe_control() -> None:
     committed = [r for r in json.loads(DATA.read_text(encoding="utf-8"))["probes"]
                  if r["release"] == _release() and "trtllm_mla" in r["probe"]]
     assert committed and committed[0]["verdict"] == "not-admitted", committed
+
+
+@on_a_mapped_tree
+def test_negative_control_on_the_dense_draft_block() -> None:
+    """DSPARK's draft block, read on the real flashinfer and trtllm_mha backend objects (eager and CUDA graph): a
+    one-row shift in the dense draft's write door turns each formerly consistent reading wrong-rows."""
+    release = _release()
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    committed = {(c["draft_backend_flag"], c["dcp"], c["rank"]): c for c in data["cases"]
+                 if c["release"] == release and c["algorithm"] == "DSPARK" and c["target_backend"] == "flashinfer_mla"}
+    checked = 0
+    for case in _controls("shift-mha-write"):
+        before = committed[(case["draft_backend_flag"], case["dcp"], case["rank"])]["passes"]["DRAFT_EXTEND"]
+        if before["verdict"] != "consistent":
+            continue
+        assert case["passes"]["DRAFT_EXTEND"]["verdict"] == "wrong-rows", (case["draft_backend_flag"], case["dcp"],
+                                                                           case["rank"], case["passes"]["DRAFT_EXTEND"])
+        checked += 1
+    assert checked, f"sglang {release}: no DSPARK draft block is consistent in the committed map"
