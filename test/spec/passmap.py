@@ -1067,14 +1067,15 @@ def _source(obj) -> str:
 
 
 @functools.cache
-def read_builder() -> str:
-    """The function this release's flashinfer-MLA backend builds its paged read ids with, from its own source:
+def read_builder(module: str = FMB) -> str:
+    """The function this release's flashinfer backend (MLA by default; ``flashinfer_backend`` for a dense draft)
+    builds its paged read ids with, from its own source:
     0.5.22 on ``KVIndexTranslator.pack_read_stream``; 0.5.20/0.5.21 ``KVIndexTranslator.fill_packed_read_stream``;
     0.5.19 ``KVIndexTranslator.index_table_for_batch`` + ``create_flashinfer_kv_indices_triton``; 0.5.18
     ``create_flashinfer_kv_indices_triton`` over ``req_to_token`` (no translator)."""
     import importlib
 
-    src = _source(importlib.import_module(FMB))
+    src = _source(importlib.import_module(module))
     for name in ("pack_read_stream", "fill_packed_read_stream"):
         if f"translator.{name}" in src:
             return f"{TR}.{name}"

@@ -323,25 +323,40 @@ def write_draft_prefix(pool, req, tr_d, tr_t) -> str:
     the target prefill's plan with the draft's translator (``eagle_worker_v2._draft_extend_for_prefill`` hands
     ``kv_loc_plan`` to ``ForwardBatch.init_new``)."""
     import torch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     S = req.S
     locs = torch.tensor(req.locs(S), dtype=torch.int64)
 
     def batch():
-        return passmap.fb(forward_mode=ForwardMode.EXTEND, **passmap.seqs(S),
-                          extend_prefix_lens=torch.tensor([0], dtype=torch.int32), extend_prefix_lens_cpu=[0],
-                          extend_seq_lens=torch.tensor([S], dtype=torch.int32), extend_seq_lens_cpu=[S],
-                          out_cache_loc=locs.clone(), out_cache_loc_is_physical=False)
+        return _prefill_batch(0, S, locs.clone(), out_cache_loc_is_physical=False)
 
     b = batch()
-    if passmap.has_plans(tr_t):
-        tr_t.own_plan(batch()).bind(b, tr_d)
+    if _bind_target_prefill(b, batch, tr_t, tr_d):
         how = f"the target prefill's {TR}.own_plan bound with the draft's translator"
     else:
         how = "the batch's out_cache_loc (no KVLocPlan in this release)"
     write_draft(pool, b, locs)
     return how
+
+
+def _prefill_batch(prefix: int, new: int, out_cache_loc, **extra):
+    """An EXTEND batch of ``new`` tokens over ``prefix`` cached ones, as ``ForwardBatch.init_new`` fills it."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return passmap.fb(forward_mode=ForwardMode.EXTEND, **passmap.seqs(prefix + new),
+                      extend_prefix_lens=torch.tensor([prefix], dtype=torch.int32), extend_prefix_lens_cpu=[prefix],
+                      extend_seq_lens=torch.tensor([new], dtype=torch.int32), extend_seq_lens_cpu=[new],
+                      out_cache_loc=out_cache_loc, **extra)
+
+
+def _bind_target_prefill(b, batch, tr_t, tr_d) -> bool:
+    """The target prefill's ``own_plan`` (built on a fresh ``batch()``), bound to ``b`` with the draft's translator,
+    where the release has plans (``eagle_worker_v2`` hands ``kv_loc_plan`` to the draft's ``ForwardBatch.init_new``)."""
+    if not passmap.has_plans(tr_t):
+        return False
+    tr_t.own_plan(batch()).bind(b, tr_d)
+    return True
 
 
 def write_draft_window(pool, req, tr_d, tr_t) -> str:
@@ -377,20 +392,15 @@ def pass_extend(pool, req, dcp, rank, striped, *, be, tr_d, tr_t) -> dict:
     ``call_begin_forward``), its plan the target prefill's ``own_plan`` bound with the draft's translator. A Llama
     draft has no ``prepare_context_parallel_metadata_for_dcp``, so the eager runner builds no attn_dcp_metadata."""
     import torch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     S, E = req.S, passmap.DRAFT_TOKENS
 
     def batch():
-        return passmap.fb(forward_mode=ForwardMode.EXTEND, **passmap.seqs(S + E),
-                          extend_prefix_lens=torch.tensor([S], dtype=torch.int32), extend_prefix_lens_cpu=[S],
-                          extend_seq_lens=torch.tensor([E], dtype=torch.int32), extend_seq_lens_cpu=[E],
-                          out_cache_loc=torch.tensor(req.locs(S + E)[S:], dtype=torch.int64),
-                          cross_attention_custom_mask=None, encoder_out_cache_loc=None)
+        return _prefill_batch(S, E, torch.tensor(req.locs(S + E)[S:], dtype=torch.int64),
+                              cross_attention_custom_mask=None, encoder_out_cache_loc=None)
 
     b = batch()
-    if passmap.has_plans(tr_t):
-        tr_t.own_plan(batch()).bind(b, tr_d)
+    if _bind_target_prefill(b, batch, tr_t, tr_d):
         plan_where = f"the target prefill's {TR}.own_plan, bound to the draft batch (eagle_worker_v2)"
     else:
         plan_where = "no KVLocPlan in this release"
@@ -519,17 +529,6 @@ def worse_of(forms: dict) -> dict:
 # ---------------------------------------------------------------- where (the 0.5.23 chains, adapted per release)
 
 
-def _mha_read_builder() -> str:
-    """The function this release's ``flashinfer_backend`` builds its paged read ids with (its own source)."""
-    src = passmap._source(importlib.import_module(FB))
-    for name in ("pack_read_stream", "fill_packed_read_stream"):
-        if f"translator.{name}" in src:
-            return f"{TR}.{name}"
-    if "index_table_for_batch" in src:
-        return f"{TR}.index_table_for_batch -> create_flashinfer_kv_indices_triton"
-    return "create_flashinfer_kv_indices_triton over req_to_token"
-
-
 def _multistep_read_source() -> str:
     fb_module = importlib.import_module(FB)
     src = passmap._source(fb_module.FlashInferMultiStepDraftBackend.common_template)
@@ -545,7 +544,7 @@ def _extend_input_builder() -> str:
 
 @functools.cache
 def eagle_where() -> dict:
-    builder = _mha_read_builder()
+    builder = passmap.read_builder(FB)
     fbx = f"{FB}.FlashInferAttnBackend"
     multi = f"{FB}.FlashInferMultiStepDraftBackend"
     factory = f"{DU}.DraftBackendFactory"
