@@ -252,11 +252,11 @@ TRITON_DRAFT = ("--dcp-size {dcp} with DSpark does not support --speculative-dra
                 "context KV is replicated (row = loc on every rank) and the Triton backend writes the draft block at row "
                 "loc // dcp_size, over other tokens' KV. Use the default draft attention backend.")
 EAGLE_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on {backend} MLA is not supported: under DCP the "
-            "target's verify plans KV ids past this rank's pool, and the draft's decode and extend passes read "
-            "untranslated rows of other tokens. Use --dcp-size 1 for EAGLE/NEXTN.")
+            "target's verify plans KV ids past this rank's pool, so it reads other tokens' KV (and a NextN draft's "
+            "decode and extend passes read untranslated rows too). Use --dcp-size 1 for EAGLE/NEXTN.")
 FA3_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA is not supported: under DCP fa3 plans "
-          "its page table from untranslated req_to_token locs, so the target's extend and verify (and the draft's passes) "
-          "read other tokens' KV. Use --dcp-size 1 for speculative decoding on fa3 MLA.")
+          "its page table from untranslated req_to_token locs, so the target's extend and verify read other tokens' KV "
+          "(and a NextN draft's passes too). Use --dcp-size 1 for speculative decoding on fa3 MLA.")
 DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: under DCP the target's verify plans KV "
              "ids past this rank's pool, so it reads other tokens' KV. Use --dcp-size 1 for speculative decoding on "
              "{backend} MLA.")

@@ -94,17 +94,8 @@ class RecordingWrapper:
                  kv_len_arr=None, **kwargs) -> None:
         import torch
 
-        self.use_cuda_graph = self.is_cuda_graph_enabled = use_cuda_graph
-        # flashinfer's MHA prefill wrapper names its bound buffers paged_kv_*_buf (the MLA wrapper: kv_indices ...)
-        kv_indices = kwargs.get("paged_kv_indices_buf") if kv_indices is None else kv_indices
-        kv_indptr = kwargs.get("paged_kv_indptr_buf") if kv_indptr is None else kv_indptr
-        qo_indptr = kwargs.get("qo_indptr_buf") if qo_indptr is None else qo_indptr
+        self.use_cuda_graph = use_cuda_graph
         self.bound_indices, self.bound_indptr = kv_indices, kv_indptr
-        # what sglang's sync-free fast_prefill_plan (a CUDA-graph replay) copies into and checks
-        self._paged_kv_indices_buf, self._paged_kv_indptr_buf = kv_indices, kv_indptr
-        self._paged_kv_last_page_len_buf = kwargs.get("paged_kv_last_page_len_buf")
-        self._custom_mask_buf, self._mask_indptr_buf = kwargs.get("custom_mask_buf"), kwargs.get("mask_indptr_buf")
-        self._backend, self._max_total_num_rows, self.device = kwargs.get("backend"), None, "cpu"
         self.kv_indptr = self.kv_indices = None
         self.plans = 0
         self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
@@ -183,6 +174,122 @@ def stub_flashinfer(module) -> None:
                  "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"):
         if not hasattr(module, name) or isinstance(getattr(module, name), type):
             setattr(module, name, RecordingWrapper)
+
+
+class _MHARecorder:
+    """Stands in for a flashinfer MHA wrapper class: keeps what ``plan`` hands the kernel.
+
+    flashinfer's paged wrappers, built with ``use_cuda_graph=True``, are bound to their ``paged_kv_indptr`` /
+    ``paged_kv_indices`` buffers: ``plan`` copies into them and the kernel reads them; flashinfer's
+    ``fast_decode_plan`` (installed by sglang after capture) copies nothing, the kernel reads what sglang wrote
+    into the bound buffers. Without a graph the kernel reads the tensors handed to ``plan``. :meth:`kernel_ids`
+    returns, per lane, the ids the kernel would read.
+    """
+
+    def __init__(self, workspace=None, kv_layout="NHD", *, use_cuda_graph: bool = False, backend: str = "auto",
+                 use_tensor_cores: bool = False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
+                 paged_kv_last_page_len_buffer=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
+                 paged_kv_last_page_len_buf=None, qo_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
+                 **_unused) -> None:
+        import torch
+
+        self.is_cuda_graph_enabled = use_cuda_graph
+        self.use_tensor_cores = use_tensor_cores
+        self._backend = "fa2" if backend == "auto" else backend
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer if paged_kv_indptr_buffer is not None else paged_kv_indptr_buf
+        self._paged_kv_indices_buf = (paged_kv_indices_buffer if paged_kv_indices_buffer is not None
+                                      else paged_kv_indices_buf)
+        self._paged_kv_last_page_len_buf = (paged_kv_last_page_len_buffer if paged_kv_last_page_len_buffer is not None
+                                            else paged_kv_last_page_len_buf)
+        self._qo_indptr_buf, self._custom_mask_buf, self._mask_indptr_buf = qo_indptr_buf, custom_mask_buf, mask_indptr_buf
+        self._fixed_batch_size = (len(self._paged_kv_last_page_len_buf)
+                                  if self._paged_kv_last_page_len_buf is not None else None)
+        self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
+        self._pin_memory_int_workspace_buffer = torch.empty(0)
+        self._max_total_num_rows = None
+        self.device = torch.device("cpu")
+        self.kv_indptr = self.kv_indices = None
+        self.plans = 0
+        wrapper = self
+
+        class _Module:  # sglang's sync-free plans (fast_prefill_plan) end in _cached_module.plan: host data only
+            def plan(self, *args):
+                wrapper.plans += 1
+
+        self._cached_module = _Module()
+
+    def _record(self, indptr, indices) -> None:
+        if self.is_cuda_graph_enabled:  # flashinfer's plan copies into the bound buffers; the kernel reads those
+            if indptr is not None and indptr.data_ptr() != self._paged_kv_indptr_buf.data_ptr():
+                self._paged_kv_indptr_buf[: len(indptr)].copy_(indptr)
+            if indices is not None and indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                self._paged_kv_indices_buf[: len(indices)].copy_(indices)
+        else:
+            self.kv_indptr = None if indptr is None else indptr.clone()
+            self.kv_indices = None if indices is None else indices.clone()
+        self.plans += 1
+
+    def kernel_ids(self, lane: int = 0) -> list[int]:
+        indptr, indices = ((self._paged_kv_indptr_buf, self._paged_kv_indices_buf) if self.is_cuda_graph_enabled
+                           else (self.kv_indptr, self.kv_indices))
+        if indptr is None or indices is None:
+            return []
+        lo, hi = int(indptr[lane]), int(indptr[lane + 1])
+        return [int(x) for x in indices[lo:hi].tolist()]
+
+    def forward(self, *a, **k):  # never called: only the metadata builders run
+        raise RuntimeError("flashinfer kernel stand-in: not run on CPU")
+
+    forward_return_lse = forward
+
+
+class DecodeRecorder(_MHARecorder):
+    """``BatchDecodeWithPagedKVCacheWrapper``: ``plan(indptr, indices, last_page_len, ...)``."""
+
+    def plan(self, indptr, indices, last_page_len=None, *args, **kwargs) -> None:
+        self._record(indptr, indices)
+
+    begin_forward = plan
+
+
+class PrefillRecorder(_MHARecorder):
+    """``BatchPrefillWithPagedKVCacheWrapper``: ``plan(qo_indptr, paged_kv_indptr, paged_kv_indices, ...)``."""
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, *args, **kwargs) -> None:
+        self._record(paged_kv_indptr, paged_kv_indices)
+
+    begin_forward = plan
+
+
+class RaggedRecorder(_MHARecorder):
+    """``BatchPrefillWithRaggedKVCacheWrapper``: attends to the forward's own K/V, reads no cache rows."""
+
+    def plan(self, *args, **kwargs) -> None:
+        self.plans += 1
+
+    begin_forward = plan
+
+
+def fast_decode_plan(self, indptr, indices, last_page_len, *args, global_override_indptr_cpu=None, **kwargs) -> None:
+    """flashinfer's ``fast_decode_plan``: under a CUDA graph it copies nothing (sglang wrote the bound buffers);
+    without one it takes the tensors handed to it as its buffers."""
+    if self.is_cuda_graph_enabled:
+        if len(indices) > len(self._paged_kv_indices_buf):
+            raise ValueError("The size of indices should be less than or equal to the allocated buffer")
+        self.plans += 1
+    else:
+        self._record(indptr, indices)
+
+
+def stub_flashinfer_mha(module) -> None:
+    """The flashinfer names ``flashinfer_backend`` binds only when flashinfer imports: recorders."""
+    for name, stand_in in (("BatchDecodeWithPagedKVCacheWrapper", DecodeRecorder),
+                           ("BatchPrefillWithPagedKVCacheWrapper", PrefillRecorder),
+                           ("BatchPrefillWithRaggedKVCacheWrapper", RaggedRecorder)):
+        if not hasattr(module, name) or isinstance(getattr(module, name), type):
+            setattr(module, name, stand_in)
+    if not hasattr(module, "fast_decode_plan") or module.fast_decode_plan is not fast_decode_plan:
+        module.fast_decode_plan = fast_decode_plan
 
 
 # ---------------------------------------------------------------- tags
@@ -1591,8 +1698,7 @@ def draft_backend_object(backend: str, pool, req: Request, tr):
     import importlib
 
     module, _, name = DRAFT_OBJECTS[backend].rpartition(".")
-    fbm = importlib.import_module(f"{ATT}.flashinfer_backend")
-    stub_flashinfer(fbm)
+    stub_flashinfer_mha(importlib.import_module(f"{ATT}.flashinfer_backend"))
     with fa3_spec("DSPARK"), (device_probes_answered() if backend == "trtllm_mha" else contextlib.nullcontext()):
         return getattr(importlib.import_module(module), name)(draft_runner(pool, req, tr, backend))
 

@@ -19,7 +19,7 @@ The method is passmap's, with passmap's helpers:
 3. each pass's read ids come from the release's own metadata builder on the backend object the factory built
    (``init_forward_metadata``; CUDA-graph forms: ``init_cuda_graph_state``, a capture
    ``init_forward_metadata_out_graph(in_capture=True)`` and the replay), with the flashinfer wrapper classes and
-   flashinfer's ``fast_decode_plan`` replaced by recorders (the only GPU stand-ins added here; they keep what the
+   flashinfer's ``fast_decode_plan`` replaced by passmap's MHA recorders (``stub_flashinfer_mha``; they keep what the
    kernel would read: for a CUDA-graph wrapper, its bound buffers). DRAFT_EXTEND runs in both forms the worker
    has (eager through the draft runner, and ``EAGLEDraftExtendCudaGraphRunner``'s capture + replay); its verdict is
    the worse of the two and the detail gives both;
@@ -54,125 +54,6 @@ DU = "sglang.srt.speculative.draft_utils"
 TR = passmap.TR
 TARGET_BACKEND = "flashinfer_mla"  # --attention-backend flashinfer on the MLA target: FlashInferMLAAttnBackend
 ATTENTION_BACKEND = "flashinfer"  # the --attention-backend value this map stands for
-
-
-# ---------------------------------------------------------------- GPU stand-ins: flashinfer's MHA wrappers
-
-
-class _MHARecorder:
-    """Stands in for a flashinfer MHA wrapper class: keeps what ``plan`` hands the kernel.
-
-    flashinfer's paged wrappers, built with ``use_cuda_graph=True``, are bound to their ``paged_kv_indptr`` /
-    ``paged_kv_indices`` buffers: ``plan`` copies into them and the kernel reads them; flashinfer's
-    ``fast_decode_plan`` (installed by sglang after capture) copies nothing, the kernel reads what sglang wrote
-    into the bound buffers. Without a graph the kernel reads the tensors handed to ``plan``. :meth:`kernel_ids`
-    returns, per lane, the ids the kernel would read.
-    """
-
-    def __init__(self, workspace=None, kv_layout="NHD", *, use_cuda_graph: bool = False, backend: str = "auto",
-                 use_tensor_cores: bool = False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
-                 paged_kv_last_page_len_buffer=None, paged_kv_indptr_buf=None, paged_kv_indices_buf=None,
-                 paged_kv_last_page_len_buf=None, qo_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None,
-                 **_unused) -> None:
-        import torch
-
-        self.is_cuda_graph_enabled = use_cuda_graph
-        self.use_tensor_cores = use_tensor_cores
-        self._backend = "fa2" if backend == "auto" else backend
-        self._paged_kv_indptr_buf = paged_kv_indptr_buffer if paged_kv_indptr_buffer is not None else paged_kv_indptr_buf
-        self._paged_kv_indices_buf = (paged_kv_indices_buffer if paged_kv_indices_buffer is not None
-                                      else paged_kv_indices_buf)
-        self._paged_kv_last_page_len_buf = (paged_kv_last_page_len_buffer if paged_kv_last_page_len_buffer is not None
-                                            else paged_kv_last_page_len_buf)
-        self._qo_indptr_buf, self._custom_mask_buf, self._mask_indptr_buf = qo_indptr_buf, custom_mask_buf, mask_indptr_buf
-        self._fixed_batch_size = (len(self._paged_kv_last_page_len_buf)
-                                  if self._paged_kv_last_page_len_buf is not None else None)
-        self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
-        self._pin_memory_int_workspace_buffer = torch.empty(0)
-        self._max_total_num_rows = None
-        self.device = torch.device("cpu")
-        self.kv_indptr = self.kv_indices = None
-        self.plans = 0
-        wrapper = self
-
-        class _Module:  # sglang's sync-free plans (fast_prefill_plan) end in _cached_module.plan: host data only
-            def plan(self, *args):
-                wrapper.plans += 1
-
-        self._cached_module = _Module()
-
-    def _record(self, indptr, indices) -> None:
-        if self.is_cuda_graph_enabled:  # flashinfer's plan copies into the bound buffers; the kernel reads those
-            if indptr is not None and indptr.data_ptr() != self._paged_kv_indptr_buf.data_ptr():
-                self._paged_kv_indptr_buf[: len(indptr)].copy_(indptr)
-            if indices is not None and indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
-                self._paged_kv_indices_buf[: len(indices)].copy_(indices)
-        else:
-            self.kv_indptr = None if indptr is None else indptr.clone()
-            self.kv_indices = None if indices is None else indices.clone()
-        self.plans += 1
-
-    def kernel_ids(self, lane: int = 0) -> list[int]:
-        indptr, indices = ((self._paged_kv_indptr_buf, self._paged_kv_indices_buf) if self.is_cuda_graph_enabled
-                           else (self.kv_indptr, self.kv_indices))
-        if indptr is None or indices is None:
-            return []
-        lo, hi = int(indptr[lane]), int(indptr[lane + 1])
-        return [int(x) for x in indices[lo:hi].tolist()]
-
-    def forward(self, *a, **k):  # never called: only the metadata builders run
-        raise RuntimeError("flashinfer kernel stand-in: not run on CPU")
-
-    forward_return_lse = forward
-
-
-class DecodeRecorder(_MHARecorder):
-    """``BatchDecodeWithPagedKVCacheWrapper``: ``plan(indptr, indices, last_page_len, ...)``."""
-
-    def plan(self, indptr, indices, last_page_len=None, *args, **kwargs) -> None:
-        self._record(indptr, indices)
-
-    begin_forward = plan
-
-
-class PrefillRecorder(_MHARecorder):
-    """``BatchPrefillWithPagedKVCacheWrapper``: ``plan(qo_indptr, paged_kv_indptr, paged_kv_indices, ...)``."""
-
-    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, *args, **kwargs) -> None:
-        self._record(paged_kv_indptr, paged_kv_indices)
-
-    begin_forward = plan
-
-
-class RaggedRecorder(_MHARecorder):
-    """``BatchPrefillWithRaggedKVCacheWrapper``: attends to the forward's own K/V, reads no cache rows."""
-
-    def plan(self, *args, **kwargs) -> None:
-        self.plans += 1
-
-    begin_forward = plan
-
-
-def fast_decode_plan(self, indptr, indices, last_page_len, *args, global_override_indptr_cpu=None, **kwargs) -> None:
-    """flashinfer's ``fast_decode_plan``: under a CUDA graph it copies nothing (sglang wrote the bound buffers);
-    without one it takes the tensors handed to it as its buffers."""
-    if self.is_cuda_graph_enabled:
-        if len(indices) > len(self._paged_kv_indices_buf):
-            raise ValueError("The size of indices should be less than or equal to the allocated buffer")
-        self.plans += 1
-    else:
-        self._record(indptr, indices)
-
-
-def stub_flashinfer_mha(module) -> None:
-    """The flashinfer names ``flashinfer_backend`` binds only when flashinfer imports: recorders."""
-    for name, stand_in in (("BatchDecodeWithPagedKVCacheWrapper", DecodeRecorder),
-                           ("BatchPrefillWithPagedKVCacheWrapper", PrefillRecorder),
-                           ("BatchPrefillWithRaggedKVCacheWrapper", RaggedRecorder)):
-        if not hasattr(module, name) or isinstance(getattr(module, name), type):
-            setattr(module, name, stand_in)
-    if not hasattr(module, "fast_decode_plan") or module.fast_decode_plan is not fast_decode_plan:
-        module.fast_decode_plan = fast_decode_plan
 
 
 # ---------------------------------------------------------------- the case's launch, pools and backends
@@ -287,7 +168,7 @@ def draft_backends(runner):
     num_steps).create_decode_backend()`` and ``create_draft_extend_backend()`` (the latter becomes the draft
     runner's ``attn_backend``, which its prefill extend and its draft extend run)."""
     fb_module = importlib.import_module(FB)
-    stub_flashinfer_mha(fb_module)
+    passmap.stub_flashinfer_mha(fb_module)
     du = importlib.import_module(DU)
     factory = du.DraftBackendFactory(runner, 1, passmap.STEPS)
     return factory.create_decode_backend(), factory.create_draft_extend_backend()

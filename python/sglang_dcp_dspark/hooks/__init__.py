@@ -192,6 +192,7 @@ HOOKS: tuple[Hook, ...] = (
         hook_name="refuse_broken_passes",
         does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
         series_patch="upstream-next/0008",
+        installed_name="declare_check",
     ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}

@@ -4,12 +4,14 @@ patches/upstream-next 0008 adds the same refusal to 0.5.23's
 ``handle_speculative_decoding``. Stock sglang admits speculative decoding
 under ``--dcp-size > 1`` without HiCache, NEXTN included, though on the
 releases the pass map covers (:mod:`..passes`, docs/spec-under-dcp.md) the
-EAGLE family's verify and draft passes on an MLA model crash or read other
-tokens' KV, and a DSPARK draft on the Triton backend reads other rows. The
-AROUND hook runs sglang's own resolution first, then asks the map about the
-launch as resolved, and raises one ValueError line, as sglang's own
-argument checks do. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0`` turns it off with the rest of
-the plugin.
+verify on an MLA model served by flashinfer or fa3 plans ids past the rank's
+pool (every algorithm), a NextN draft's own passes read untranslated rows, and
+a DSPARK draft on the Triton backend reads other rows. The AROUND hook runs
+sglang's own resolution first, then asks the map about the launch as
+resolved, and raises one ValueError line, as sglang's own argument checks do.
+The check also goes into sglang's module under 0008's name, so code and tests
+written for the series call it there. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
+turns it off with the rest of the plugin.
 
 The judge reads the map, not the version: a release the map does not cover
 is left alone, and so is one whose mapped passes are all consistent.
@@ -23,6 +25,8 @@ from ._common import Finding, Verdict, first_call
 
 MODULE = "sglang.srt.arg_groups.speculative_hook"
 SPECULATIVE = f"{MODULE}.handle_speculative_decoding"
+# The name 0008 gives the check in sglang's module; the plugin puts its own there under it (``declare_check``).
+CHECK = "_check_speculative_passes_under_dcp"
 
 
 def _installed_version() -> str | None:
@@ -33,12 +37,10 @@ def _installed_version() -> str | None:
 
 def passes_verdict(original: Callable | None = None) -> Finding:
     """Does the map show a launch kind this release admits under DCP whose passes crash or read other rows?"""
-    import importlib
-
     from .. import passes
 
-    module = importlib.import_module(MODULE)
-    if hasattr(module, "_check_speculative_passes_under_dcp"):
+    module = _module()
+    if getattr(getattr(module, CHECK, None), "__module__", None) == MODULE:  # the series' own, not ours
         return Finding(SPECULATIVE, Verdict.FIXED, "the release refuses the broken passes under DCP itself (upstream-next 0008)")
     version = _installed_version() or "unknown"
     release = passes.release_key(version)
@@ -53,43 +55,60 @@ def passes_verdict(original: Callable | None = None) -> Finding:
                    f"under DCP the pass map shows {', '.join(broken)} crashing or reading other rows on sglang {release}")
 
 
+def _module():
+    import importlib
+
+    return importlib.import_module(MODULE)
+
+
+HELPER_HOMES = {"resolving_view": "sglang.srt.arg_groups.overrides", "resolved_view": "sglang.srt.arg_groups.overrides",
+                "attention_backends_of": "sglang.srt.arg_groups.overrides",
+                "use_mla_backend": "sglang.srt.arg_groups.model_override_base"}
+
+
+def _helper(name: str):
+    """One of sglang's resolution helpers, read off sglang's speculative_hook module at call time under the name
+    0008's check uses there (a test that patches it in that module patches it for this check too), else from
+    the module that defines it (0.5.18 imports them inside functions), else None (the release has none)."""
+    import importlib
+
+    found = getattr(_module(), name, None)
+    if found is not None:
+        return found
+    try:
+        return getattr(importlib.import_module(HELPER_HOMES[name]), name, None)
+    except ImportError:
+        return None
+
+
 def _view(server_args):
     """The launch as sglang resolved it so far: 0.5.19's resolving view where the release has one."""
-    try:
-        from sglang.srt.arg_groups.overrides import resolving_view
-    except ImportError:
-        return server_args
-    return resolving_view(server_args)
+    resolving_view = _helper("resolving_view")
+    return server_args if resolving_view is None else resolving_view(server_args)
 
 
 def _uses_mla(server_args) -> bool:
-    try:
-        from sglang.srt.arg_groups.model_override_base import use_mla_backend
-    except ImportError:
-        return bool(server_args.use_mla_backend())
-    return bool(use_mla_backend(server_args))
+    use_mla_backend = _helper("use_mla_backend")
+    return bool(server_args.use_mla_backend() if use_mla_backend is None else use_mla_backend(server_args))
 
 
 def _decode_backend(server_args) -> str | None:
     """The target's decode attention backend as resolved so far (0.5.19's resolved view where the release has one)."""
-    try:
-        from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
-    except ImportError:
+    backends_of, resolved_view = _helper("attention_backends_of"), _helper("resolved_view")
+    if backends_of is None or resolved_view is None:
         return getattr(server_args, "decode_attention_backend", None) or getattr(server_args, "attention_backend", None)
-    return attention_backends_of(resolved_view(server_args))[1]
+    return backends_of(resolved_view(server_args))[1]
 
 
-def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
-    """AROUND hook for ``handle_speculative_decoding(server_args)``: sglang's resolution, then the map's refusal."""
+def check_passes_under_dcp(server_args) -> None:
+    """The argument check: one ValueError line for a launch under DCP the map shows broken (0008's check)."""
     from .. import passes
 
-    first_call()
-    result = original(server_args, *args, **kwargs)
     view = _view(server_args)
     dcp = int(getattr(view, "dcp_size", 1) or 1)
     algorithm = getattr(view, "speculative_algorithm", None)
     if dcp <= 1 or algorithm is None:
-        return result
+        return
     draft_path = getattr(view, "speculative_draft_model_path", None)
     line = passes.refusal(
         _installed_version() or "", str(algorithm), dcp=dcp,
@@ -99,4 +118,23 @@ def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
     )
     if line is not None:
         raise ValueError(line)
+
+
+def declare_check() -> None:
+    """Put the check in sglang's module under 0008's name, beside the helper it reads there (``use_mla_backend``,
+    which 0008 imports into that module), so code and tests written for the series find both."""
+    module = _module()
+    if getattr(module, CHECK, None) is None:
+        setattr(module, CHECK, check_passes_under_dcp)
+    if not hasattr(module, "use_mla_backend"):
+        use_mla_backend = _helper("use_mla_backend")
+        if use_mla_backend is not None:  # a release without it: the server args answer it themselves
+            module.use_mla_backend = use_mla_backend
+
+
+def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
+    """AROUND hook for ``handle_speculative_decoding(server_args)``: sglang's resolution, then the map's refusal."""
+    first_call()
+    result = original(server_args, *args, **kwargs)
+    check_passes_under_dcp(server_args)
     return result
