@@ -1825,6 +1825,35 @@ def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr
                                             "(get_exec/get_spec) and flashinfer's trtllm kernels to build; not driven on CPU"}
 
 
+@functools.cache
+def dense_drafts_note() -> str:
+    """The dense DSPARK draft classes this release ships whose context write is the mapped one: each
+    ``EntryClass`` of a ``sglang.srt.models`` module named for DSPARK whose ``write_target_hidden_kv`` is
+    ``DSparkDraftModel``'s own function (inherited, not overridden); the others are named as having their own."""
+    import importlib
+    import pkgutil
+
+    import sglang.srt.models as models
+    from sglang.srt.models.dspark import DSparkDraftModel
+
+    door = DSparkDraftModel.write_target_hidden_kv
+    same, own = [], []
+    for info in pkgutil.iter_modules(models.__path__):
+        if "dspark" not in info.name:
+            continue
+        try:
+            module = importlib.import_module(f"sglang.srt.models.{info.name}")
+        except Exception:  # a model module that does not import on CPU says nothing here
+            continue
+        entries = getattr(module, "EntryClass", None)
+        for cls in entries if isinstance(entries, (list, tuple)) else [entries]:
+            if cls is None or cls is DSparkDraftModel or not hasattr(cls, "write_target_hidden_kv"):
+                continue
+            (same if cls.write_target_hidden_kv is door else own).append(cls.__name__)
+    note = f"; the same {door.__qualname__} in {', '.join(sorted(same))}" if same else ""
+    return note + (f"; its own in {', '.join(sorted(own))}" if own else "")
+
+
 def dspark_case(flag: str | None, dcp: int, rank: int, target_backend: str = "flashinfer_mla") -> tuple[Case, dict]:
     fa3 = target_backend == "fa3"
     if fa3 and not fa3_driven():
@@ -1881,7 +1910,8 @@ def dspark_case(flag: str | None, dcp: int, rank: int, target_backend: str = "fl
                 "EXTEND": run_pass(lambda: pass_extend_mla(target, req, dcp, rank, striped_t, draft=False, tr=tr_t,
                                                            target_tr=tr_t),
                                    nextn_where()["EXTEND"] + " (the target's prefill; the draft has no extend of its "
-                                   "own: models.dspark.DSparkDraftModel.write_target_hidden_kv writes its context)"),
+                                   "own: models.dspark.DSparkDraftModel.write_target_hidden_kv writes its context"
+                                   f"{dense_drafts_note()})"),
                 "DRAFT_DECODE_GRAPH": dict(not_run),
                 "DRAFT_DECODE_EAGER": dict(not_run),
                 "DRAFT_EXTEND": run_pass(lambda: pass_dspark_draft(draft_backend, draft, req, dcp, rank, tr_t=tr_t),
@@ -2211,6 +2241,9 @@ def fresh(records: list[dict], probe_records: list[dict], rel: str) -> bool:
 def prepare() -> None:
     """Before sglang is imported: Triton's interpreter (its kernels are decorated at import), quiet logs."""
     os.environ["TRITON_INTERPRET"] = "1"
+    # The flashinfer/trtllm workspace is the kernels' scratch (512 MiB by default, zero-filled for trtllm_mha); only
+    # the metadata builders run here, so each backend object gets a small one.
+    os.environ.setdefault("SGLANG_FLASHINFER_WORKSPACE_SIZE", str(1 << 20))
     import logging
     import warnings
 
