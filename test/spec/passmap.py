@@ -1754,10 +1754,14 @@ def _pass_dspark_draft_object(backend: str, be, pool, req: Request, tr, plan) ->
     if hasattr(graph_be, "init_forward_metadata_in_graph"):
         graph_be.init_forward_metadata_in_graph(live)
     graph = judge("mha", pool, _draft_object_rows(backend, graph_be, graph=True), want)
-    for form, r in (("CUDA graph", graph), ("eager", eager)):
-        if r["verdict"] != "consistent":
-            return dict(r, detail=f"{form}: {r['detail']}")
-    return {"verdict": "consistent", "detail": f"CUDA graph: {graph['detail']}; eager: {eager['detail']}"}
+    return worse_of({"CUDA graph": graph, "eager": eager})
+
+
+def worse_of(forms: dict) -> dict:
+    """One verdict for a pass run in several forms: the worst one run (SEVERITY), each form's in the detail."""
+    ran = {k: v for k, v in forms.items() if v["verdict"] != "not-run"} or forms
+    verdict = min((v["verdict"] for v in ran.values()), key=lambda x: SEVERITY[x])
+    return {"verdict": verdict, "detail": "; ".join(f"{k}: {v['detail']}" for k, v in forms.items())}
 
 
 def _pass_dspark_draft(backend: str, pool, req: Request, dcp: int, rank: int, tr, plan) -> dict:

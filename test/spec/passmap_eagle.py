@@ -400,13 +400,6 @@ def pass_draft_extend_graph(pool, req, dcp, rank, striped, *, be, tr_d, tr_t) ->
                              f"{cap_where}; replay: {where}")
 
 
-def worse_of(forms: dict) -> dict:
-    """One verdict for a pass run in several forms: the worst one run (passmap.SEVERITY), each form's in the detail."""
-    ran = {k: v for k, v in forms.items() if v["verdict"] != "not-run"} or forms
-    verdict = min((v["verdict"] for v in ran.values()), key=lambda x: passmap.SEVERITY[x])
-    return {"verdict": verdict, "detail": "; ".join(f"{k}: {v['detail']}" for k, v in forms.items())}
-
-
 # ---------------------------------------------------------------- where (the 0.5.23 chains, adapted per release)
 
 
@@ -527,7 +520,7 @@ def _eagle_case(case, algorithm: str, draft_class: str, dcp: int, rank: int) -> 
                 draft, req, dcp, rank, striped_d, be=draft_backends(runner)[1], tr_d=tr_d, tr_t=tr_t), "")
             eager = passmap.run_pass(lambda: pass_draft_extend(
                 draft, req, dcp, rank, striped_d, be=draft_backends(runner)[1], tr_d=tr_d, tr_t=tr_t), "")
-            out = worse_of({"CUDA graph": graph, "eager": eager})
+            out = passmap.worse_of({"CUDA graph": graph, "eager": eager})
             out["where"] = f"{w['DRAFT_EXTEND']}{note} [eager{eager['where']}] [CUDA graph{graph['where']}]"
             return out
 
