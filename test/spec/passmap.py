@@ -26,11 +26,17 @@ and fa3 (``FlashAttentionBackend`` in its MLA mode, its rows = ``page_table`` x 
 a stand-in module whose kernels raise if called). Releases 0.5.18-0.5.23: pools, write doors, read-id builders and
 HiCache pieces are each release's own, called with the signatures that release has (see docs/spec-under-dcp.md).
 
+Drafts: NEXTN (the target's own MLA layer), DSPARK's dense draft on each draft-backend flag (the flashinfer and
+trtllm_mha draft blocks on the real backend objects, eager and as a CUDA graph), and external EAGLE / EAGLE3
+dense drafts (``test/spec/passmap_eagle.py``). Probes: launches the release refuses before any pass runs, by its
+own check (``probes``).
+
 Verdicts: "consistent", "wrong-rows", "raises", "not-admitted", "not-run".
 Nothing is hard-coded: every verdict is what the run found.
 
 Usage: PYTHONPATH=build/trees/sglang-X python test/spec/passmap.py [--write | --check | --json]
-       [--control shift-write,no-translate [--check]]  (the negative controls, and the check, as one JSON line)
+       [--control shift-write,no-translate,shift-mha-write [--check]]  (the negative controls, and the check, as
+       one JSON line)
 """
 
 from __future__ import annotations
