@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,12 +282,18 @@ def _with_note(note: str | None, line: str) -> str:
     return f"{note}\n{line}" if note else line
 
 
-def apply(tree: SglangTree, series: Series) -> str:
-    """Apply the rest of a series; returns a one-line report (two after recovering a killed run)."""
+def _locked(action: str, body: Callable[[SglangTree, Series], str], tree: SglangTree, series: Series) -> str:
+    """``body`` under the tree's journal lock, after recovering whatever a killed run left; the recovery's line, if
+    any, comes first."""
     require_git()
     with journal.locked(tree.root):
-        note = recover(tree, action="apply", series=series.name)
-        return _with_note(note, _apply(tree, series))
+        note = recover(tree, action=action, series=series.name)
+        return _with_note(note, body(tree, series))
+
+
+def apply(tree: SglangTree, series: Series) -> str:
+    """Apply the rest of a series; returns a one-line report (two after recovering a killed run)."""
+    return _locked("apply", _apply, tree, series)
 
 
 def _apply(tree: SglangTree, series: Series) -> str:
@@ -329,10 +336,7 @@ def _apply(tree: SglangTree, series: Series) -> str:
 
 def revert(tree: SglangTree, series: Series) -> str:
     """Undo whatever part of a series is in the tree; returns a one-line report (two after recovering)."""
-    require_git()
-    with journal.locked(tree.root):
-        note = recover(tree, action="revert", series=series.name)
-        return _with_note(note, _revert(tree, series))
+    return _locked("revert", _revert, tree, series)
 
 
 def _revert(tree: SglangTree, series: Series) -> str:

@@ -841,6 +841,19 @@ def hicache_failed(exc: BaseException) -> dict:
     return {"verdict": "not-run", "detail": f"the HiCache round trip could not be driven on this release: {r['detail']}"}
 
 
+def with_after_hicache(passes: dict, run_all: Callable[[], dict], round_trip: Callable[[], None]) -> dict:
+    """Each pass's reading again after ``round_trip`` (a HiCache backup, scrub and load-back), under
+    ``after_hicache``; a round trip that stops is each pass's finding (``hicache_failed``)."""
+    try:
+        round_trip()
+        after = run_all()
+    except Exception as exc:
+        after = {p: hicache_failed(exc) for p in PASSES}
+    for p in PASSES:
+        passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+    return passes
+
+
 def host_stack(plan_name, plan, packed, target, dcp):
     """``layouts.host_stack``; on a release whose ``build_kv_only_stack`` still takes ``server_args`` (0.5.18),
     with the HiCache server args it reads (``hicache_size``, ``hicache_mem_layout``, ``hicache_write_policy``,
@@ -1000,16 +1013,25 @@ def _decode_batch(req, *, seq_len: int | None = None, out_cache_loc=None):
               out_cache_loc=out_cache_loc)
 
 
-def _judge_steps(pool, wrappers, req, striped, dcp, rank, *, form: str) -> dict:
-    """Step i of the draft decode attends to the prefix and the i + 1 draft tokens written so far."""
-    results = []
-    for i, w in enumerate(wrappers):
-        want = owned(req.locs(req.S + i + 1), striped, dcp, rank)
-        results.append(judge("mla", pool, w.kernel_ids(), want))
+def steps_verdict(results: list[dict]) -> dict:
+    """One verdict for the draft decode's steps: the first step that is not consistent, else all of them."""
+    if not results:
+        return {"verdict": "not-run", "detail": "the multi-step backend built no per-step backends"}
     for i, r in enumerate(results):
         if r["verdict"] != "consistent":
             return {"verdict": r["verdict"], "detail": f"step {i}: {r['detail']}"}
     return {"verdict": "consistent", "detail": "; ".join(f"step {i}: {r['detail']}" for i, r in enumerate(results))}
+
+
+def step_want(req, i: int, striped: bool, dcp: int, rank: int) -> list[int]:
+    """Step i of the draft decode attends to the prefix and the i + 1 draft tokens written so far."""
+    return owned(req.locs(req.S + i + 1), striped, dcp, rank)
+
+
+def _judge_steps(pool, wrappers, req, striped, dcp, rank, *, kind: str = "mla") -> dict:
+    """Each step's wrapper read against what that step attends to."""
+    return steps_verdict([judge(kind, pool, w.kernel_ids(), step_want(req, i, striped, dcp, rank))
+                          for i, w in enumerate(wrappers)])
 
 
 def _live_decode_batch(req, tr_d, tr_t):
@@ -1024,8 +1046,8 @@ def pass_draft_decode_eager(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dic
     multi = _multistep(pool, req, dcp, tr_d)
     b, _, where = _live_decode_batch(req, tr_d, tr_t)
     multi.init_forward_metadata(b)
-    return with_plan(_judge_steps(pool, [x.decode_wrapper for x in multi.attn_backends], req, striped, dcp, rank,
-                                  form="eager"), where + ", columns [0, num_steps)")
+    return with_plan(_judge_steps(pool, [x.decode_wrapper for x in multi.attn_backends], req, striped, dcp, rank),
+                     where + ", columns [0, num_steps)")
 
 
 def pass_draft_decode_graph(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
@@ -1040,7 +1062,7 @@ def pass_draft_decode_graph(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dic
     live, _, where = _live_decode_batch(req, tr_d, tr_t)  # replay: the live batch (its plan) is handed over
     multi.init_forward_metadata_out_graph(live, in_capture=False)
     return with_plan(_judge_steps(pool, [x.decode_cuda_graph_metadata[1] for x in multi.attn_backends], req,
-                                  striped, dcp, rank, form="graph"),
+                                  striped, dcp, rank),
                      f"{cap_where}; replay: {where}, columns [0, num_steps)")
 
 
@@ -1048,21 +1070,31 @@ def pass_draft_extend_v2(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
     """EAGLE v2's draft extend (``prepare_for_draft_extend``): ForwardMode.DRAFT_EXTEND_V2, planned by the draft
     backend's ``init_forward_metadata`` straight away (no ``attn_dcp_metadata``: that is built by the eager runner).
     Its plan: the iteration's (``verify_input.kv_loc_plan``, handed to ``ForwardBatch.init_new``)."""
+
+    be, _ = fi_mla_backend(pool, req, draft=True, tr=tr_d)
+    b, where = draft_extend_batch(req, tr_d, tr_t)
+    be.init_forward_metadata(b)
+    return with_plan(judge("mla", pool, be.prefill_wrapper_paged.kernel_ids(),
+                           owned(req.locs(req.S + DRAFT_TOKENS), striped, dcp, rank)), where)
+
+
+def draft_extend_batch(req, tr_d, tr_t, *, mode=None, **extra):
+    """``prepare_for_draft_extend``'s batch: ``mode`` (DRAFT_EXTEND_V2 by default) over the committed prefix with
+    num_draft_tokens new tokens, the iteration's window plan bound with the draft's translator, then the post-write
+    ``seq_lens``. Returns the batch and where its plan came from."""
     import torch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    be, _ = fi_mla_backend(pool, req, draft=True, tr=tr_d)
     S, n = req.S, DRAFT_TOKENS
-    b = fb(forward_mode=ForwardMode.DRAFT_EXTEND_V2, **seqs(S), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
-           extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([n], dtype=torch.int32), extend_seq_lens_cpu=[n],
-           spec_info=eagle_draft_input())
+    b = fb(forward_mode=mode or ForwardMode.DRAFT_EXTEND_V2, **seqs(S),
+           extend_prefix_lens=torch.tensor([S], dtype=torch.int32), extend_prefix_lens_cpu=[S],
+           extend_seq_lens=torch.tensor([n], dtype=torch.int32), extend_seq_lens_cpu=[n], spec_info=eagle_draft_input(),
+           **extra)
     plan, where = eagle_window_plan(tr_t, req)
     bind_plan(plan, b, tr_d)
     # "Forward sees post-write length": forward_batch.seq_lens += num_draft_tokens after init_new
     b.seq_lens, b.seq_lens_cpu, b.seq_lens_sum = b.seq_lens + n, b.seq_lens_cpu + n, S + n
-    be.init_forward_metadata(b)
-    return with_plan(judge("mla", pool, be.prefill_wrapper_paged.kernel_ids(), owned(req.locs(S + n), striped, dcp,
-                                                                                        rank)), where)
+    return b, where
 
 
 def verify_input(algorithm: str):
@@ -1227,6 +1259,25 @@ def nextn_where() -> dict:
     return out
 
 
+def write_nextn(target, draft, req: Request) -> None:
+    """The prefix and the window through the MLA door, into the target's pool and the NextN draft's."""
+    import torch
+
+    locs = torch.tensor(req.locs(req.S + len(req.window)))
+    write_mla(target, locs)
+    write_mla(draft, locs)
+
+
+def nextn_round_trip(ops, target, draft, req: Request, dcp: int) -> Callable[[], None]:
+    """NEXTN's HiCache round trip: the draft packed into the target's host pool, the window rewritten after it."""
+    def rewrite_window():
+        write_mla(target, req.window)
+        write_mla(draft, req.window)
+
+    return lambda: hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mla", sidecar=False,
+                                      rewrite_window=rewrite_window)
+
+
 def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
     case = Case("NEXTN", "DeepseekV3ForCausalLMNextN", "mla", "flashinfer_mla", "flashinfer_mla", dcp, rank)
     passes: dict = {}
@@ -1236,14 +1287,7 @@ def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
         tr_t = translator_for(target, req.req_to_token, draft=False)
         tr_d = translator_for(draft, req.req_to_token, draft=True)
 
-        def write_all():
-            import torch
-
-            locs = torch.tensor(req.locs(req.S + len(req.window)))
-            write_mla(target, locs)
-            write_mla(draft, locs)
-
-        write_all()
+        write_nextn(target, draft, req)
         striped_t = is_striped("mla", target, req.prefix, dcp, rank)
         striped_d = is_striped("mla", draft, req.prefix, dcp, rank)
         w = nextn_where()
@@ -1268,19 +1312,7 @@ def nextn_case(dcp: int, rank: int) -> tuple[Case, dict]:
                                                 w["TARGET_VERIFY_EAGER"]),
             }
 
-        passes = run_all()
-        try:
-            def rewrite_window():
-                write_mla(target, req.window)
-                write_mla(draft, req.window)
-
-            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mla", sidecar=False,
-                               rewrite_window=rewrite_window)
-            after = run_all()
-        except Exception as exc:
-            after = {p: hicache_failed(exc) for p in PASSES}
-        for p in PASSES:
-            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+        passes = with_after_hicache(run_all(), run_all, nextn_round_trip(ops, target, draft, req, dcp))
     return case, passes
 
 
@@ -1415,30 +1447,17 @@ def fa3_pass_draft_decode(pool, req, dcp, rank, striped, *, tr_d, tr_t, graph: b
                     b, bs=1, forward_mode=b.forward_mode, encoder_lens=None), in_capture=False)
         else:
             be.init_forward_metadata(b)
-        results.append(fa3_judge(pool, be.forward_metadata, owned(req.locs(req.S + i + 1), striped, dcp, rank)))
-    for i, r in enumerate(results):
-        if r["verdict"] != "consistent":
-            return with_plan({"verdict": r["verdict"], "detail": f"step {i}: {r['detail']}"},
-                             cap_where + where + ", columns [0, num_steps)")
-    return with_plan({"verdict": "consistent", "detail": "; ".join(f"step {i}: {r['detail']}"
-                                                                   for i, r in enumerate(results))},
-                     cap_where + where + ", columns [0, num_steps)")
+        results.append(fa3_judge(pool, be.forward_metadata, step_want(req, i, striped, dcp, rank)))
+    return with_plan(steps_verdict(results), cap_where + where + ", columns [0, num_steps)")
 
 
 def fa3_pass_draft_extend(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
-    import torch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     be = fa3_backend(pool, req, tr_d, draft=True)
-    S, n = req.S, DRAFT_TOKENS
-    b = fb(forward_mode=ForwardMode.DRAFT_EXTEND_V2, **seqs(S), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
-           extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([n], dtype=torch.int32), extend_seq_lens_cpu=[n],
-           spec_info=eagle_draft_input())
-    plan, where = eagle_window_plan(tr_t, req)
-    bind_plan(plan, b, tr_d)
-    b.seq_lens, b.seq_lens_cpu, b.seq_lens_sum = b.seq_lens + n, b.seq_lens_cpu + n, S + n
+    b, where = draft_extend_batch(req, tr_d, tr_t)
     be.init_forward_metadata(b)
-    return with_plan(fa3_judge(pool, be.forward_metadata, owned(req.locs(S + n), striped, dcp, rank)), where)
+    return with_plan(fa3_judge(pool, be.forward_metadata, owned(req.locs(req.S + DRAFT_TOKENS), striped, dcp, rank)),
+                     where)
 
 
 def fa3_pass_verify(pool, req, dcp, rank, striped, *, algorithm: str, tr_t, graph: bool) -> dict:
@@ -1528,11 +1547,7 @@ def nextn_fa3_case(dcp: int, rank: int) -> tuple[Case, dict]:
         req = Request(dcp)
         tr_t = translator_for(target, req.req_to_token, draft=False)
         tr_d = translator_for(draft, req.req_to_token, draft=True)
-        import torch
-
-        locs = torch.tensor(req.locs(req.S + len(req.window)))
-        write_mla(target, locs)
-        write_mla(draft, locs)
+        write_nextn(target, draft, req)
         st_t = is_striped("mla", target, req.prefix, dcp, rank)
         st_d = is_striped("mla", draft, req.prefix, dcp, rank)
 
@@ -1556,19 +1571,7 @@ def nextn_fa3_case(dcp: int, rank: int) -> tuple[Case, dict]:
                                                 fa3_where("TARGET_VERIFY_EAGER")),
             }
 
-        passes = run_all()
-        try:
-            def rewrite_window():
-                write_mla(target, req.window)
-                write_mla(draft, req.window)
-
-            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mla", sidecar=False,
-                               rewrite_window=rewrite_window)
-            after = run_all()
-        except Exception as exc:
-            after = {p: hicache_failed(exc) for p in PASSES}
-        for p in PASSES:
-            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+        passes = with_after_hicache(run_all(), run_all, nextn_round_trip(ops, target, draft, req, dcp))
     return case, passes
 
 
@@ -1939,15 +1942,9 @@ def dspark_case(flag: str | None, dcp: int, rank: int, target_backend: str = "fl
                                                     "eagle_info.EagleVerifyInput", "dflash_info.DFlashVerifyInput")),
             }
 
-        passes = run_all()
-        try:
-            hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mha", sidecar=True,
-                               rewrite_window=lambda: write_all(window_only=True))
-            after = run_all()
-        except Exception as exc:
-            after = {p: hicache_failed(exc) for p in PASSES}
-        for p in PASSES:
-            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+        passes = with_after_hicache(run_all(), run_all, lambda: hicache_round_trip(
+            ops, target, draft, req, dcp, draft_kind="mha", sidecar=True,
+            rewrite_window=lambda: write_all(window_only=True)))
     return case, passes
 
 

@@ -292,18 +292,6 @@ def pass_extend(pool, req, dcp, rank, striped, *, be, tr_d, tr_t) -> dict:
                              plan_where)
 
 
-def _judge_steps(pool, wrappers, req, striped, dcp, rank) -> dict:
-    """Step i of the draft decode attends to the prefix and the i + 1 draft tokens written so far."""
-    if not wrappers:
-        return {"verdict": "not-run", "detail": "the multi-step backend built no per-step backends"}
-    results = [passmap.judge("mha", pool, w.kernel_ids(), passmap.owned(req.locs(req.S + i + 1), striped, dcp, rank))
-               for i, w in enumerate(wrappers)]
-    for i, r in enumerate(results):
-        if r["verdict"] != "consistent":
-            return {"verdict": r["verdict"], "detail": f"step {i}: {r['detail']}"}
-    return {"verdict": "consistent", "detail": "; ".join(f"step {i}: {r['detail']}" for i, r in enumerate(results))}
-
-
 def pass_draft_decode_eager(pool, req, dcp, rank, striped, *, multi, tr_d, tr_t) -> dict:
     """``FlashInferMultiStepDraftBackend.init_forward_metadata`` -> ``common_template``
     (``generate_draft_decode_kv_indices``) -> each step's ``FlashInferAttnBackend.init_forward_metadata`` (decode
@@ -312,7 +300,7 @@ def pass_draft_decode_eager(pool, req, dcp, rank, striped, *, multi, tr_d, tr_t)
     b, _, where = passmap._live_decode_batch(req, tr_d, tr_t)
     multi.init_forward_metadata(b)
     wrappers = [x.decode_wrappers[0] for x in multi.attn_backends]
-    return passmap.with_plan(_judge_steps(pool, wrappers, req, striped, dcp, rank), where + ", columns [0, num_steps)")
+    return passmap.with_plan(passmap._judge_steps(pool, wrappers, req, striped, dcp, rank, kind="mha"), where + ", columns [0, num_steps)")
 
 
 def pass_draft_decode_graph(pool, req, dcp, rank, striped, *, multi, tr_d, tr_t) -> dict:
@@ -329,7 +317,7 @@ def pass_draft_decode_graph(pool, req, dcp, rank, striped, *, multi, tr_d, tr_t)
     live, _, where = passmap._live_decode_batch(req, tr_d, tr_t)
     multi.init_forward_metadata_out_graph(live, in_capture=False)
     wrappers = [x.decode_cuda_graph_metadata[1][0] for x in multi.attn_backends]
-    return passmap.with_plan(_judge_steps(pool, wrappers, req, striped, dcp, rank),
+    return passmap.with_plan(passmap._judge_steps(pool, wrappers, req, striped, dcp, rank, kind="mha"),
                              f"{cap_where}; replay: {where}, columns [0, num_steps)")
 
 
@@ -343,13 +331,9 @@ def pass_draft_extend(pool, req, dcp, rank, striped, *, be, tr_d, tr_t) -> dict:
 
     mode = ForwardMode.DRAFT_EXTEND_V2 if hasattr(ForwardMode, "DRAFT_EXTEND_V2") else ForwardMode.DRAFT_EXTEND
     S, n = req.S, passmap.DRAFT_TOKENS
-    b = passmap.fb(forward_mode=mode, **passmap.seqs(S), extend_prefix_lens=torch.tensor([S], dtype=torch.int32),
-                   extend_prefix_lens_cpu=[S], extend_seq_lens=torch.tensor([n], dtype=torch.int32),
-                   extend_seq_lens_cpu=[n], spec_info=passmap.eagle_draft_input(), cross_attention_custom_mask=None,
-                   out_cache_loc=torch.tensor(req.locs(S + n)[S:], dtype=torch.int64), encoder_out_cache_loc=None)
-    plan, where = passmap.eagle_window_plan(tr_t, req)
-    passmap.bind_plan(plan, b, tr_d)
-    b.seq_lens, b.seq_lens_cpu, b.seq_lens_sum = b.seq_lens + n, b.seq_lens_cpu + n, S + n
+    b, where = passmap.draft_extend_batch(req, tr_d, tr_t, mode=mode, cross_attention_custom_mask=None,
+                                          out_cache_loc=torch.tensor(req.locs(S + n)[S:], dtype=torch.int64),
+                                          encoder_out_cache_loc=None)
     be.init_forward_metadata(b)
     want, note = _note_ragged(be, S, n, req)
     ids = be.prefill_wrappers_paged[0].kernel_ids()
@@ -544,22 +528,15 @@ def _eagle_case(case, algorithm: str, draft_class: str, dcp: int, rank: int) -> 
             }
             return out
 
-        passes = run_all()
-        try:
-            def rewrite_window():
-                passmap.write_mla(target, req.window)
-                write_draft_window(draft, req, tr_d, tr_t)
+        def rewrite_window():
+            passmap.write_mla(target, req.window)
+            write_draft_window(draft, req, tr_d, tr_t)
 
-            # The draft as a SIDECAR host pool: build_hicache_draft_sidecars -> build_full_draft_pools (logical_size
-            # rows; its indices follow the target KV anchor's), as _build_hicache_draft_plan picks for a draft that
-            # cannot be packed (_can_pack_hicache_mtp: EAGLE3, or EAGLE without NextN layers).
-            passmap.hicache_round_trip(ops, target, draft, req, dcp, draft_kind="mha", sidecar=True,
-                                       rewrite_window=rewrite_window)
-            after = run_all()
-        except Exception as exc:
-            after = {p: passmap.hicache_failed(exc) for p in passmap.PASSES}
-        for p in passmap.PASSES:
-            passes[p]["after_hicache"] = {k: after[p][k] for k in ("verdict", "detail")}
+        # The draft as a SIDECAR host pool: build_hicache_draft_sidecars -> build_full_draft_pools (logical_size
+        # rows; its indices follow the target KV anchor's), as _build_hicache_draft_plan picks for a draft that
+        # cannot be packed (_can_pack_hicache_mtp: EAGLE3, or EAGLE without NextN layers).
+        passes = passmap.with_after_hicache(run_all(), run_all, lambda: passmap.hicache_round_trip(
+            ops, target, draft, req, dcp, draft_kind="mha", sidecar=True, rewrite_window=rewrite_window))
     return case, passes
 
 
