@@ -120,6 +120,10 @@ def child_env(tree: Path | None) -> dict:
     return env
 
 
+# Every exit that is preflight's verdict on the launch (sglang_dcp_dspark.verdict): 2 (bad input) and 4 (a bug) are not.
+VERDICTS = (0, 1, 3, 5, 6)
+
+
 def measure(argv: list[str], env: dict, label: str) -> dict:
     """Run ``argv`` in a fresh process; its exit code, wall seconds, peak RSS (bytes) and stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -131,7 +135,7 @@ def measure(argv: list[str], env: dict, label: str) -> dict:
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if code not in (0, 1, 3):  # a preflight verdict, not a crash or bad input
+    if code not in VERDICTS:  # a preflight verdict, not a crash or bad input
         raise Failed(f"{label}: exited {code}: {stderr.strip()[-800:]}")
     judge = [ln.split() for ln in stderr.splitlines() if ln.startswith("JUDGE_SECONDS ")]
     return {"exit": code, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,

@@ -39,10 +39,12 @@ def launch(model: str, algorithm: str) -> str:
     from sglang_dcp_dspark.preflight import Node, emulated_node
 
     try:
-        with emulated_node(Node()):  # 8 x H200, the probes argument resolution asks
+        # 8 x B200 on cutedsl_mla, the probes argument resolution asks: PR #35221's validated shape (on an H200
+        # sglang picks fa3, which the plugin's argument check refuses under DCP)
+        with emulated_node(Node.of_part("NVIDIA B200")):
             prepare_server_args(["--model-path", model, "--device", "cuda", "--tp", "8", "--dcp-size", "8",
                                  "--enable-hierarchical-cache", "--speculative-algorithm", algorithm,
-                                 "--speculative-draft-model-path", model])
+                                 "--speculative-draft-model-path", model, "--attention-backend", "cutedsl_mla"])
         return "passes"
     except NotImplementedError as exc:
         return f"rejected: {exc}"

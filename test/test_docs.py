@@ -27,9 +27,10 @@ FRESHNESS = {
     "sweep-dcp": "test/test_preflight.py",
     "releases": "test/releases/test_docs.py",
     "draft-layouts": "test/datapath/test_layouts.py",
+    "auto-size": "test/test_docs.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
-SLOW = ("host-memory",)
+SLOW = ("host-memory", "auto-size")
 docblocks.start(docblocks.block(name).command for name in SLOW)
 # "N passed", "N xfailed"...: a count that is stale the day a test is added.
 TEST_COUNT = re.compile(r"\b\d+ (passed|failed|xfailed|xpassed|skipped|errors?|deselected)\b")

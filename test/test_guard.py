@@ -69,7 +69,7 @@ def test_the_default_remedy_follows_the_plugin_state(environ, case):
 def test_a_plugin_on_but_not_installed_is_told_to_install_it():
     assert guard.remedy_for({}, installed=False) is guard.Remedy.NOT_INSTALLED
     assert guard.remedy_for({"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}, installed=False) is guard.Remedy.PLUGIN_OFF
-    assert "pip install sglang-dcp-dspark" in guard.REMEDY[guard.Remedy.NOT_INSTALLED]
+    assert "pip install --no-deps a checkout of sglang-dcp-dspark" in guard.REMEDY[guard.Remedy.NOT_INSTALLED]
 
 
 def test_each_remedy_names_its_fix(stock_registration, monkeypatch):

@@ -9,8 +9,12 @@ put back whole); 130 / 143 interrupted by SIGINT / SIGTERM, likewise with the
 tree unchanged or put back whole; 141 stdout was closed early (``| head``);
 4 an internal error (a bug of this tool's, one line; ``SGLANG_DCP_DSPARK_TRACEBACK=1``
 shows the traceback). ``preflight`` adds 3: the launch passes validation but
-stops at startup; and 5: it passes validation, but a speculative pass under DCP
-crashes or reads other tokens' KV (docs/spec-under-dcp.md).
+stops at startup; 5: it passes validation, but a pass under DCP (speculative, or
+a plain extend or decode) crashes or reads other tokens' KV
+(docs/spec-under-dcp.md); and 6: it passes validation and will start, but its
+passes under DCP are unchecked on the backend it runs. So 0 from ``preflight``
+means every pass it runs under DCP was checked (or there is no DCP). With
+``preflight --json`` every exit prints one JSON object with the verdict.
 """
 
 from __future__ import annotations
@@ -29,8 +33,43 @@ INTERNAL_ERROR = 4
 TRACEBACK_ENV = "SGLANG_DCP_DSPARK_TRACEBACK"
 
 
+class UsageError(Exception):
+    """argparse's complaint about the command line, raised instead of its exit so it can become one line (and JSON)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse calls this for every usage error; subparsers inherit the class
+        raise UsageError(message)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """``--json`` among preflight's own options (before ``--``), however the rest parses."""
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    return bool(head) and head[0] == "preflight" and "--json" in head
+
+
+def _usage_error(message: str, argv: list[str]) -> str:
+    """argparse's message as this tool's one line: what was wrong, what was expected, the fix."""
+    command = argv[0] if argv else ""
+    if command == "preflight" and "unrecognized arguments" in message:
+        return (f"{message}; preflight's own options come first and sglang's launch arguments after `--`; fix: "
+                "sglang-dcp-dspark preflight [options] -- --model-path DIR ...")
+    return f"{message}; fix: see sglang-dcp-dspark {command + ' ' if command else ''}--help"
+
+
+def _json_verdict(code: int, message: str) -> None:
+    """The one JSON object every preflight exit prints with --json: the verdict and the exit code."""
+    import json
+
+    from .verdict import OUTCOMES
+
+    outcome = OUTCOMES.get(code, "ERROR")
+    print(json.dumps({"verdict": {"code": code, "outcome": outcome, "line": f"verdict: {outcome} (exit {code}): {message}"},
+                      "error": message}, indent=2))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sglang-dcp-dspark",
         description="DCP + HiCache + DSPARK for sglang: patch series, plugin and launch preflight.",
     )
@@ -47,7 +86,16 @@ def _raise_interrupted(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_mode = _wants_json(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        message = _usage_error(str(exc), argv)
+        if json_mode:
+            _json_verdict(2, message)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     # A path with bytes that are not UTF-8 still prints (escaped), not a traceback.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -62,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe fails here, inside the try, not at exit
         return code
     except DcpDsparkError as exc:
+        if json_mode and not getattr(exc, "reported", False):
+            _json_verdict(exc.exit_code, str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except (Interrupted, KeyboardInterrupt) as exc:
@@ -91,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
 
         last = traceback.extract_tb(exc.__traceback__)[-1]
         text = " ".join(str(exc).split())[:300]
-        print(f"error: internal error in sglang-dcp-dspark ({type(exc).__name__}: {text}, at {os.path.basename(last.filename)}:{last.lineno}); "
-              f"this is a bug of the tool, not a verdict on the launch or the tree; fix: rerun with {TRACEBACK_ENV}=1 for the "
-              "traceback and report it", file=sys.stderr)
+        message = (f"internal error in sglang-dcp-dspark ({type(exc).__name__}: {text}, at "
+                   f"{os.path.basename(last.filename)}:{last.lineno}); this is a bug of the tool, not a verdict on the "
+                   f"launch or the tree; fix: rerun with {TRACEBACK_ENV}=1 for the traceback and report it")
+        if json_mode:
+            _json_verdict(INTERNAL_ERROR, message)
+        print(f"error: {message}", file=sys.stderr)
         return INTERNAL_ERROR
     finally:
         for signum, old in handlers.items():

@@ -32,7 +32,8 @@ SERIES_FIX = "run `sglang-dcp-dspark apply` (the series for sglang 0.5.17) or up
 REMEDY = {
     Remedy.PLUGIN_OFF: f"fix: turn the dcp_dspark plugin on ({switch.TURN_ON}), or {SERIES_FIX}",
     Remedy.NOT_INSTALLED: (
-        "fix: pip install sglang-dcp-dspark into the Python environment sglang runs in (sglang finds plugins "
+        "fix: pip install --no-deps a checkout of sglang-dcp-dspark (it is not on the package index) into the "
+        "Python environment sglang runs in (sglang finds plugins "
         f"through installed entry points only), or {SERIES_FIX}"
     ),
     Remedy.SHADOWED: (

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from . import gpus as gpus_mod
 from . import swap
 from .errors import DcpDsparkError
 
@@ -32,17 +33,33 @@ FIX_PREFLIGHT = "sglang-dcp-dspark preflight [options] -- <sglang launch args>"
 
 @dataclass(frozen=True)
 class Node:
-    """The target machine, as its torch.cuda probes would describe it."""
+    """The target machine, as its torch.cuda and sglang platform probes would describe it.
+
+    Its part (:mod:`gpus`) sets the name, the capability and the memory per
+    GPU together: :meth:`of_part`.
+    """
 
     gpus: int = 8
-    gpu_memory_gib: float = 141.0
-    gpu_name: str = "NVIDIA H200"
-    capability: tuple[int, int] = (9, 0)
+    gpu_memory_gib: float = gpus_mod.DEFAULT.memory_gib
+    gpu_name: str = gpus_mod.DEFAULT.name
+    capability: tuple[int, int] = gpus_mod.DEFAULT.capability
     # 8 x H200 with 2 TiB of host RAM is a DGX H200. The default describes the
     # emulated node, like the GPU defaults: the machine preflight runs on is
     # usually not the one the launch is for. None: this machine's available RAM.
     host_ram_gib: float | None = 2048.0
     host_ram_from: str = "the emulated node's default"
+
+    @classmethod
+    def of_part(cls, gpu_name: str | None = None, *, gpu_memory_gib: float | None = None, **fields) -> Node:
+        """The node of the part ``gpu_name`` names (the default part when None); its datasheet memory unless given."""
+        part = gpus_mod.part(gpu_name) if gpu_name is not None else gpus_mod.DEFAULT
+        name = gpu_name.strip() if gpu_name is not None else part.name
+        memory = part.memory_gib if gpu_memory_gib is None else gpu_memory_gib
+        return cls(gpu_name=name, capability=part.capability, gpu_memory_gib=memory, **fields)
+
+    @property
+    def architecture(self) -> str:
+        return gpus_mod.ARCHITECTURES.get(self.capability[0], f"SM{self.capability[0]}{self.capability[1]}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,10 @@ class Launch:
     mem_fraction_static: float | None
     kv_cache_dtype: str
     hicache_draft_backup: str | None = None  # patches/upstream-next 0005 only
+    # The target's (prefill, decode) attention backends as the release resolved them on the emulated node:
+    # the launch's flags, else the release's default for that architecture and model (model hooks included).
+    attention_backends: tuple = (None, None)
+    speculative_draft_attention_backend: str | None = None
     # sglang's own resolved record, for the builders that take it (a decode server's model config).
     record: object = field(default=None, compare=False, repr=False)
 
@@ -108,14 +129,79 @@ def default_node_answers(node: Node) -> dict:
     }
 
 
+# The node whose facts sglang's probes answer while preflight resolves or sizes (innermost last); empty: the
+# probes are this machine's own.
+_ACTIVE: list[Node] = []
+
+
+class _Probe:
+    """One of sglang's platform probe functions, answering for the emulated node while one is active.
+
+    It replaces the function in every sglang module that holds it, once: a
+    module imported while a node is emulated binds this object, and after the
+    block it answers as the original does, so nothing is left answering for a
+    node that is gone.
+    """
+
+    def __init__(self, fact: str, original) -> None:
+        self.fact, self.original = fact, original
+        self.__wrapped__ = original
+        self.__name__ = getattr(original, "__name__", fact)
+
+    def __call__(self, *args, **kwargs):
+        if _ACTIVE:
+            return gpus_mod.facts(_ACTIVE[-1].capability)[self.fact]
+        return self.original(*args, **kwargs)
+
+    def cache_clear(self) -> None:  # the originals are lru_cache-d; sglang's tests clear them
+        getattr(self.original, "cache_clear", lambda: None)()
+
+
+def _install_probes() -> None:
+    """Put a :class:`_Probe` in place of each platform probe function in the sglang modules loaded now."""
+    import sys
+
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "sglang" or module_name.startswith("sglang.")):
+            continue
+        space = getattr(module, "__dict__", {})
+        for name, fact in gpus_mod.PROBE_FUNCTIONS.items():
+            value = space.get(name)
+            if value is not None and callable(value) and not isinstance(value, _Probe):
+                space[name] = _Probe(fact, value)
+
+
+def _platform_object(node: Node):
+    """sglang's platform object (0.5.19 on: ``runtime_context.get_platform()``), overridden through its own
+    ``override_platform`` with the node's facts, the device kind included: its readers are resolution checks (the
+    DCP comm backend's ``is_cuda``), not the import-time kernel choices the probe functions make."""
+    try:
+        from sglang.srt import runtime_context
+    except ImportError:
+        return contextlib.nullcontext()
+    override = getattr(runtime_context, "override_platform", None)
+    known = getattr(runtime_context, "_PLATFORM_PROBES", None)
+    if override is None or known is None:
+        return contextlib.nullcontext()
+    names = set(known) | set(getattr(runtime_context, "_PLATFORM_VALUES", {}))
+    facts = {k: v for k, v in {**gpus_mod.facts(node.capability), "has_flashinfer": True}.items() if k in names}
+    return override(**facts)
+
+
 @contextlib.contextmanager
 def emulated_node(node: Node) -> Iterator[None]:
-    """Answer the runtime CUDA probes as ``node`` would; only while resolving."""
+    """Answer the runtime probes as ``node`` would, only while resolving: torch.cuda's, the CUDA runtime version,
+    and sglang's own platform probes (``get_platform()`` reads the probe functions, so it answers too)."""
     import torch
 
+    _install_probes()
     with contextlib.ExitStack() as stack:
         for name, value in default_node_answers(node).items():
             stack.enter_context(swap.attribute(torch.cuda, name, swap.returning(value)))
+        stack.enter_context(swap.attribute(torch.version, "cuda", gpus_mod.CUDA_VERSION))
+        stack.enter_context(_platform_object(node))
+        _ACTIVE.append(node)
+        stack.callback(_ACTIVE.pop)
         yield
 
 
@@ -207,10 +293,19 @@ def read_config(path: str | None, flag: str) -> dict:
     if path is None:
         raise DcpDsparkError(f"no {flag} in the launch arguments; expected a local model directory; fix: sglang-dcp-dspark preflight -- {flag} DIR ...")
     config = Path(path) / "config.json"
+    fetch = f"fix: download it again (huggingface-cli download MODEL config.json --local-dir {path}) and pass {flag} DIR"
+    if config.is_dir():
+        raise DcpDsparkError(f"{config} is a directory, not a file; expected the model's config.json; {fetch}")
+    if config.is_symlink() and not config.exists():
+        raise DcpDsparkError(f"{config} is a symbolic link that leads nowhere (dangling, or a loop); expected the "
+                             f"model's config.json; {fetch}")
     if not config.is_file():
         raise DcpDsparkError(f"{flag} {path} has no config.json; preflight reads only the model's config.json, expected DIR/config.json; fix: download it (huggingface-cli download MODEL config.json --local-dir DIR) and pass {flag} DIR")
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise DcpDsparkError(f"{config} is nested deeper than a JSON reader can follow; expected a Hugging Face "
+                             f"config.json (a few levels deep); {fetch}") from None
     except (ValueError, OSError) as exc:  # UnicodeDecodeError is a ValueError
         reason = " ".join(str(exc).split())
         raise DcpDsparkError(f"{config} is not readable JSON ({reason}); expected a Hugging Face config.json; fix: download it again (huggingface-cli download MODEL config.json --local-dir {path})") from None

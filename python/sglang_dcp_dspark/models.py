@@ -135,7 +135,10 @@ def read(release, la) -> Models:
     if not isinstance(target, MLAKV):
         raise Unsizable(
             f"preflight sizes HiCache host pools for MLA targets, and the target {la.model_path} "
-            f"({_architecture(target_mc)}) keeps dense KV; sglang admits HiCache under DCP for MLA models only; "
+            f"({_architecture(target_mc)}) keeps dense KV"
+            + ("; sglang admits HiCache under DCP for MLA models only; " if la.dcp_size > 1 else
+               " (without DCP its host pool is sglang's plain MHA one, which preflight does not size); ")
+            +
             "fix: preflight an MLA target (DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash), or drop --enable-hierarchical-cache"
         )
     hf = target_mc.hf_text_config

@@ -30,6 +30,9 @@ RAISES, WRONG_ROWS, NOT_ADMITTED, CONSISTENT, NOT_RUN = "raises", "wrong-rows", 
 SEVERITY = {RAISES: 0, WRONG_ROWS: 1, NOT_ADMITTED: 2, CONSISTENT: 3, NOT_RUN: 4}
 BROKEN = (RAISES, WRONG_ROWS, NOT_ADMITTED)
 DRAFT_PASSES = ("DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND")
+# Not a pass: the target backend's own factory, which some releases make refuse speculative decoding under DCP when
+# the model runner builds it (the map's probes).
+BACKEND_INIT = "BACKEND_INIT"
 # The target's own NextN layer: sglang renames NEXTN to EAGLE, and EAGLE with no draft path is the same draft.
 NEXTN_ALIASES = ("NEXTN", "EAGLE")
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
@@ -55,6 +58,8 @@ class PassFinding:
     @property
     def effect(self) -> str:
         """The consequence in a few words, for a verdict line."""
+        if self.name == BACKEND_INIT:
+            return "stops at startup"
         if self.verdict == RAISES:
             return "crashes"
         if self.verdict == NOT_ADMITTED:
@@ -71,6 +76,8 @@ class PassFinding:
         """What an operator sees when this pass runs: a crash, or reads of other tokens' KV."""
         if self.verdict == RAISES:
             return f"crashes at the first {self.name} ({self.detail})"
+        if self.name == BACKEND_INIT:
+            return f"stops at startup: building the {self.backend} attention backend raises ({self.detail})"
         if self.verdict == NOT_ADMITTED:
             return f"stops when the {self.backend} backend starts its {self.name} ({self.detail})"
         if self.name in DRAFT_PASSES:
@@ -159,6 +166,9 @@ def broken_kinds(release: str) -> tuple[str, ...]:
         if any(p["verdict"] in BROKEN for p in case["passes"].values()):
             flag = case.get("draft_backend_flag")
             kinds.append(case["algorithm"] + (f" with --speculative-draft-attention-backend {flag}" if flag else ""))
+    for record in _plain_records(release):
+        if any(p["verdict"] in BROKEN for p in record["passes"].values()):
+            kinds.append(f"a plain launch on {flag_of(record['target_backend'])}")
     return tuple(dict.fromkeys(kinds))
 
 
@@ -180,6 +190,7 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     name = (algorithm or "").upper()
     if not name or dcp <= 1:
         return Judgement(release, name, dcp, False, why_unmapped="no speculative decoding under DCP")
+    name = _algorithms(name, own_layer)[0]  # the map's name: sglang's EAGLE with the target's own layer is NEXTN
     if release not in releases():
         return Judgement(release, name, dcp, False, why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
     target_kind = "mla" if target_mla else "mha"
@@ -203,6 +214,9 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
         flags = sorted({str(c.get("draft_backend_flag") or "default") for c in cases})
         return Judgement(release, name, dcp, False, why_unmapped=f"the map has {name} on draft backends {', '.join(flags)}, "
                                                                   f"not {draft_backend}")
+    refused = _refused_by_factory(release, target_backend, dcp)
+    if refused is not None and target_mla and not draft_side_only:
+        return Judgement(release, name, dcp, True, (refused,))
     ran = ", ".join(sorted({FLAG_OF.get(c["target_backend"], c["target_backend"]) for c in flagged}))
     note = ""
     if draft_side_only:
@@ -225,9 +239,21 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     return Judgement(release, name, dcp, True, findings, note=note)
 
 
-def _worst(cases: list[dict], hicache: bool, dcp: int) -> tuple[PassFinding, ...]:
+def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
+    """The map's probe of ``--attention-backend BACKEND`` with speculative decoding under DCP: a refusal by the
+    release's own backend factory, which the model runner calls at startup."""
+    if backend is None:
+        return None
+    for probe in load().get("probes", []):
+        if (probe["release"] == release and probe["verdict"] == NOT_ADMITTED
+                and probe["probe"].startswith(f"--attention-backend {backend} on the MLA target, speculative decoding")):
+            return PassFinding(BACKEND_INIT, NOT_ADMITTED, probe["detail"], probe["where"], backend, dcp, 0, False)
+    return None
+
+
+def _worst(cases: list[dict], hicache: bool, dcp: int, order: list[str] | None = None) -> tuple[PassFinding, ...]:
     """Per pass, the worst reading over the cases; between equals, the one at the launch's own dcp."""
-    order = load()["passes"]
+    order = order or load()["passes"]
     worst: dict[str, PassFinding] = {}
     for case in cases:
         for name, result in case["passes"].items():
@@ -236,7 +262,7 @@ def _worst(cases: list[dict], hicache: bool, dcp: int) -> tuple[PassFinding, ...
             if hicache and after:
                 readings.append((after, True))
             for reading, after_load in readings:
-                backend = case["draft_backend"] if name in DRAFT_PASSES else case["target_backend"]
+                backend = case.get("draft_backend") if name in DRAFT_PASSES else case["target_backend"]
                 backend = FLAG_OF.get(backend, backend)
                 found = PassFinding(name, reading["verdict"], reading.get("detail", ""), result.get("where", ""),
                                     backend, case["dcp"], case["rank"], after_load)
@@ -245,6 +271,73 @@ def _worst(cases: list[dict], hicache: bool, dcp: int) -> tuple[PassFinding, ...
                 if held is None or rank < (SEVERITY.get(held.verdict, 0), held.dcp != dcp):
                     worst[name] = found
     return tuple(worst[n] for n in order if n in worst)
+
+
+# ---------------------------------------------------------------- plain DCP: the target's own passes
+
+PLAIN = "plain"  # the Judgement.algorithm of a launch without speculative decoding
+
+
+def flag_of(backend: str | None) -> str | None:
+    return FLAG_OF.get(backend, backend) if backend is not None else None
+
+
+def _plain_records(release: str) -> list[dict]:
+    return [r for r in load().get("plain", []) if r["release"] == release and r["dcp"] > 1]
+
+
+def judge_plain(version: str, *, dcp: int, target_backend: str | None) -> Judgement:
+    """The target's EXTEND (its prefix gather) and DECODE (eager and CUDA graph) under DCP, from the map.
+
+    ``target_backend``: the decode backend as the launch resolved it (an
+    ``--attention-backend`` value); None judges every backend the map ran.
+    """
+    release = release_key(version)
+    if dcp <= 1:
+        return Judgement(release, PLAIN, dcp, False, why_unmapped="no DCP")
+    if release not in releases():
+        return Judgement(release, PLAIN, dcp, False,
+                         why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
+    records = _plain_records(release)
+    note = ""
+    if target_backend is not None:
+        records = [r for r in records if flag_of(r["target_backend"]) == target_backend]
+        if not records:
+            ran = ", ".join(sorted({flag_of(r["target_backend"]) for r in _plain_records(release)}))
+            return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the map has no {target_backend} target "
+                                                                      f"(it has {ran})")
+    else:
+        note = "the launch names no --attention-backend and sglang's choice is not known here: every backend the map ran"
+    ran = [r for r in records if any(p["verdict"] != NOT_RUN for p in r["passes"].values())]
+    if not ran:
+        why = records[0]["passes"]["DECODE_EAGER"]["detail"] if records else "no record"
+        return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the map cannot check {target_backend} on CPU ({why})")
+    return Judgement(release, PLAIN, dcp, True, _worst(ran, False, dcp, load()["plain_passes"]), note=note)
+
+
+# Where a backend runs: sglang refuses fa3 past Hopper, and the trtllm-gen / CuTe DSL MLA kernels before Blackwell.
+ARCHITECTURE_BACKENDS = {"fa3": range(8, 10), "trtllm_mla": range(10, 13), "cutedsl_mla": range(10, 13)}
+
+
+def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, capability_major: int,
+                     draft_backend: str | None = None, hicache: bool = False) -> tuple[str, ...]:
+    """The --attention-backend values the map shows running this launch kind correctly under DCP on a node of this
+    architecture: every pass it ran consistent (and checked: a backend the map cannot run is not offered)."""
+    release = release_key(version)
+    flags = sorted({flag_of(c["target_backend"]) for c in load()["cases"] if c["release"] == release}
+                   | {flag_of(r["target_backend"]) for r in _plain_records(release)})
+    out = []
+    for flag in flags:
+        if capability_major not in ARCHITECTURE_BACKENDS.get(flag, range(0, 100)):
+            continue
+        if algorithm:
+            judged = judge(version, algorithm, dcp=dcp, own_layer=own_layer, target_backend=flag,
+                           draft_backend=draft_backend, hicache=hicache)
+        else:
+            judged = judge_plain(version, dcp=dcp, target_backend=flag)
+        if judged.mapped and not judged.broken:
+            out.append(flag)
+    return tuple(out)
 
 
 # The series' words (patches/upstream-next 0008), so a user reads the same refusal whichever carrier fixed the tree.
@@ -260,6 +353,27 @@ FA3_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA 
 DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: under DCP the target's verify plans KV "
              "ids past this rank's pool, so it reads other tokens' KV. Use --dcp-size 1 for speculative decoding on "
              "{backend} MLA.")
+
+
+# The series' words (patches/upstream-next 0011) for a plain launch on fa3 MLA under DCP.
+FA3_PLAIN = ("--dcp-size {dcp} on fa3 MLA is not supported: FlashAttentionBackend has no DCP code, so its decode returns "
+             "no LSE for the DCP ranks' partial outputs to be merged with, and its extend plans its page table from "
+             "untranslated req_to_token locs, reading other tokens' KV. Use --attention-backend flashinfer.")
+
+
+def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | None) -> str | None:
+    """The one line the argument check refuses a launch without speculative decoding with, or None.
+
+    Only what the map ran and found broken: a backend it did not run is left to sglang.
+    """
+    if dcp <= 1 or not mla or target_backend is None:
+        return None
+    judged = judge_plain(version, dcp=dcp, target_backend=target_backend)
+    if not judged.broken:
+        return None
+    if target_backend == "fa3":
+        return FA3_PLAIN.format(dcp=dcp)
+    return f"--dcp-size {dcp} on {target_backend} MLA is not supported: {judged.broken[0].line()}."
 
 
 def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
@@ -286,6 +400,9 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     judged = judge(version, name, target_backend=target_backend, **{**common, "draft_backend": None})
     if not judged.broken:
         return None
+    if judged.broken[0].name == BACKEND_INIT:  # the release's own factory refuses it, but only at startup
+        return (f"--dcp-size {dcp} with --speculative-algorithm {name} on {target_backend} is not supported: "
+                f"{judged.broken[0].consequence}.")
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
         return FA3_ON.format(dcp=dcp, algorithm=name)
     if name in EAGLE_FAMILY and mla:

@@ -57,7 +57,14 @@ class Status:
             detail = "neither applies nor reverts: the files differ from the release"
         else:
             detail = f"{len(s.patches)} patches, targets sglang{s.applies_to}"
-        return f"{s.name:<22} {self.state.value:<18} {detail}"
+        return f"{s.name:<22} {self.shown:<18} {detail}"
+
+    @property
+    def shown(self) -> str:
+        """The state as status prints it: a series written for another release is not in conflict with this tree."""
+        if self.state is State.CONFLICT and not self.series.targets(self.tree.version):
+            return "other release"
+        return self.state.value
 
 
 @functools.cache

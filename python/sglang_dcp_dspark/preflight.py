@@ -20,8 +20,12 @@ when sglang's ``load_plugins`` would run it, see :mod:`switch`):
 - 3: it passes validation but will stop at startup: sglang or the plugin
   refuses its host pools while building them, the draft host pool is short of
   the target's logical slots, or its pools do not fit the node's RAM;
-- 5: it passes validation, but under DCP one of its speculative passes
-  crashes or reads other tokens' KV, as the pass map shows it.
+- 5: it passes validation, but under DCP one of its passes (speculative, or
+  a plain extend or decode) crashes or reads other tokens' KV, as the pass map
+  shows it on the backend the emulated node runs;
+- 6: it passes validation and will start, but under DCP the pass map has not
+  checked its passes on that backend (or release): the line says what is
+  unchecked. 0 is said only where every pass under DCP was checked.
 """
 
 from __future__ import annotations
@@ -43,31 +47,43 @@ from .errors import DcpDsparkError
 from .launch import FIX_PREFLIGHT, GIB, Node, Resolution
 from .models import kv_fields
 
-__all__ = ["DEFAULT_DEVICE_ROWS", "DEFAULT_DRAFT", "DEFAULT_MODEL", "GIB", "MAX_GPU_MEMORY_GIB", "Node", "emulated_node",
+__all__ = ["DEFAULT_DEVICE_ROWS", "DEFAULT_DRAFT", "DEFAULT_GPU", "DEFAULT_MODEL", "GIB", "MAX_GPU_MEMORY_GIB", "Node", "emulated_node",
            "judge", "run"]
 
 emulated_node = launch_mod.emulated_node
 
 # The embedded default launch (make demo): DeepSeek-V3 with a dense DSPARK
 # draft of the public Kimi-K3 DSPARK draft's geometry (architecture fields
-# only, see data/README.md) at DCP8 + HiCache on an 8 x H200 node.
+# only, see data/README.md) at DCP8 + HiCache on an 8 x B200 node, on the
+# cutedsl_mla attention backend: the shape PR #35221 was validated on (8 x
+# B300, Kimi-K3, whose model hook forces cutedsl_mla under DCP). On Hopper no
+# backend the pass map checked runs speculative decoding under DCP correctly
+# (docs/spec-under-dcp.md), so the default is the Blackwell shape.
 DATA = Path(__file__).parent / "data"
 DEFAULT_MODEL = DATA / "deepseek-v3"
 DEFAULT_DRAFT = DATA / "kimi-k3-dspark-draft"
-DEFAULT_LAUNCH = ("--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK")
+DEFAULT_LAUNCH = ("--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
+                  "--attention-backend", "cutedsl_mla")
+DEFAULT_GPU = "NVIDIA B200"
 # The default launch's device rows per rank, as sglang would log them
 # (max_total_num_tokens): DeepSeek-V3's FP8 weights take about 80 GiB of each
-# H200 at --tp 8, which leaves about 40 GiB of sglang's 0.88 x 141 GiB for KV;
-# a row is 90,752 bytes there (61 target layers of 576 bf16 values, plus the
-# dense draft's 8 logical rows of 2,560 bytes: 5 layers x 2 KV heads x K and V
-# x head_dim 64), so about 470,000 rows.
-DEFAULT_DEVICE_ROWS = 470_000
-DEFAULT_DEVICE_ROWS_NOTE = ("the default launch's figure: about 40 GiB of KV per H200 after DeepSeek-V3's "
+# GPU at --tp 8, which leaves about 78 GiB of sglang's 0.88 x 180 GiB of a
+# B200 for KV; a row is 90,752 bytes there (61 target layers of 576 bf16
+# values, plus the dense draft's 8 logical rows of 2,560 bytes: 5 layers x 2
+# KV heads x K and V x head_dim 64), so about 930,000 rows.
+DEFAULT_DEVICE_ROWS = 930_000
+DEFAULT_DEVICE_ROWS_NOTE = ("the default launch's figure: about 78 GiB of KV per B200 after DeepSeek-V3's "
                             "FP8 weights; pass --device-rows for a measured one")
+
+
+def default_node(**fields) -> Node:
+    """The node the embedded default launch is judged on."""
+    return Node.of_part(DEFAULT_GPU, **fields)
+
 
 # Exit codes: the verdict on the launch as it will run (see :mod:`verdict`).
 PASSES, REJECTED, BAD_INPUT, STOPS = verdict_mod.PASSES, verdict_mod.REJECTED, verdict_mod.BAD_INPUT, verdict_mod.STOPS
-BROKEN_PASS = verdict_mod.BROKEN_PASS
+BROKEN_PASS, UNCHECKED = verdict_mod.BROKEN_PASS, verdict_mod.UNCHECKED
 OUTCOMES = verdict_mod.OUTCOMES
 
 # What a real node can have. Past these a number is a typo, and preflight would
@@ -187,7 +203,7 @@ def plugin_state(environ=None):
 
     state = switch.plugin_state(os.environ if environ is None else environ)
     if state.enabled and not switch.entry_point_installed():
-        return switch.PluginState(False, f"not installed: no {switch.PLUGIN_NAME} entry point in {switch.ENTRY_POINT_GROUP} (pip install sglang-dcp-dspark)")
+        return switch.PluginState(False, f"not installed: no {switch.PLUGIN_NAME} entry point in {switch.ENTRY_POINT_GROUP} (pip install --no-deps a checkout of sglang-dcp-dspark)")
     return state
 
 
@@ -266,8 +282,10 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
     available, available_from = _available(node)
     ranks = rules.ranks_per_node(la.tp_size, la.pp_size, la.nnodes)
     with launch_mod.quiet_sglang():
-        built = release.build(la, models, rows, hooked=plugin_on, host_ram=available)
-        stock = release.build(stock_la or la, models, rows, hooked=False, host_ram=available) if plugin_on else built
+        # The draft backup the launch names (--hicache-draft-backup, upstream-next 0005), where the tree has it.
+        built = release.build(la, models, rows, hooked=plugin_on, host_ram=available, backup=la.hicache_draft_backup)
+        stock = (release.build(stock_la or la, models, rows, hooked=False, host_ram=available,
+                               backup=(stock_la or la).hicache_draft_backup) if plugin_on else built)
         backups = {}
         if la.hicache_draft_backup is not None and models.draft is not None:
             # A tree with upstream-next's --hicache-draft-backup: both modes, side by side.
@@ -366,11 +384,24 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         "message": as_run.message,
         "sglang_warnings": as_run.warnings,
     }
-    judged = judge_passes(release, argv, configs, as_run.launch or fixed.launch or stock.launch)
+    resolved = as_run.launch or fixed.launch or stock.launch
+    judged = judge_passes(release, argv, configs, resolved)
+    report["attention_backends"] = _backends(resolved, argv, node)
     report["passes"] = judged.as_dict()
     if not as_run.passed:
+        # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
+        # got through (stock's, where the plugin refused), are exit 2 whatever the refusal.
+        other = fixed if fixed.passed else stock if stock.passed else None
+        if other is not None:
+            check_resolved(other.launch, node)
+            if other.launch.enable_hierarchical_cache:
+                read_models(release, other.launch, node, paths)
         also = f"; the pass map: {judged.summary()}" if judged.broken else ""
-        report["verdict"] = verdict_of(REJECTED, f"sglang {release.version} rejects the launch: {as_run.message}{also}")
+        # Who refuses: the plugin's own argument check, where stock sglang passes the launch and the plugin is on.
+        who = (f"with the dcp_dspark plugin on, sglang {release.version} rejects the launch"
+               if state.enabled and (stock.passed or stock.message != fixed.message)
+               else f"sglang {release.version} rejects the launch")
+        report["verdict"] = verdict_of(REJECTED, f"{who}: {as_run.message}{also}")
         return report
     la = as_run.launch
     check_resolved(la, node)
@@ -385,32 +416,78 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         report["verdict"] = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
     elif judged.broken:
         report["verdict"] = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
-                                                  f"{judged.summary()}")
+                                                  f"{judged.summary()}{_instead(release, la, judged, node)}")
+    elif la.dcp_size > 1 and not judged.mapped:
+        unchecked = f"under DCP its passes are unchecked ({judged.why_unmapped})"
+        report["verdict"] = verdict_of(UNCHECKED, verdict_mod.passes_detail(report, unchecked)
+                                       + _instead(release, la, judged, node))
     else:
         report["verdict"] = verdict_of(PASSES, verdict_mod.passes_detail(report))
     return report
 
 
-def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod.Judgement:
-    """What the pass map says of the launch's speculative passes under DCP (docs/spec-under-dcp.md).
+def _backends(la, argv: list[str], node: Node) -> dict:
+    """The target's attention backends the launch runs on the emulated node, and where they come from."""
+    named = launch_mod.option(argv, "--decode-attention-backend") or launch_mod.option(argv, "--attention-backend")
+    prefill, decode = la.attention_backends if la is not None else (None, None)
+    source = ("named by the launch" if named else
+              f"sglang's own choice for this model on the {node.gpu_name} ({node.architecture}, SM{node.capability[0]}"
+              f"{node.capability[1]})")
+    return {"prefill": prefill, "decode": decode or named, "from": source,
+            "draft": la.speculative_draft_attention_backend if la is not None else None}
 
-    From the launch as sglang resolved it where it did; from the raw
-    arguments where every resolution refused it, so a rejection still names
-    the pass that would break. Backends count only as flags the launch
-    gives: on CPU sglang cannot resolve the backend a GPU would get, so a
-    launch that names none is judged on every target backend the map ran.
+
+def _instead(release, la, judged, node: Node) -> str:
+    """The flag that works on this node instead, as far as the map shows one."""
+    if la is None or la.dcp_size <= 1:
+        return ""
+    algorithm = la.speculative_algorithm
+    good = passes_mod.working_backends(
+        release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
+        capability_major=node.capability[0], hicache=la.enable_hierarchical_cache)
+    current = la.attention_backends[1]
+    good = tuple(b for b in good if b != current)
+    if good:
+        return f"; on this node use --attention-backend {good[0]} (the map shows every pass consistent there)"
+    kind = f"--speculative-algorithm {algorithm}" if algorithm else "a plain launch"
+    line = f"; of the backends the map checked, none runs {kind} under DCP correctly on the {node.gpu_name}"
+    if algorithm and current != "cutedsl_mla" and node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"]:
+        # PR #35221 was validated on Blackwell's cutedsl_mla, whose DCP reads the map cannot run on CPU.
+        return line + ("; --attention-backend cutedsl_mla is the backend PR #35221 was validated on (its passes "
+                       "unchecked here)")
+    return line + ("; use --dcp-size 1 for speculative decoding" if algorithm and judged.broken else "")
+
+
+def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod.Judgement:
+    """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
+    a plain launch's EXTEND and DECODE.
+
+    From the launch as sglang resolved it on the emulated node where it did:
+    the decode backend is the one the release picks there (its default for
+    the architecture and model, model hooks included) unless the launch names
+    one. From the raw arguments where every resolution refused it, so a
+    rejection still names the pass that would break; a launch that names no
+    backend is then judged on every target backend the map ran.
     """
     option = functools.partial(launch_mod.option, argv)
     algorithm = la.speculative_algorithm if la is not None else option("--speculative-algorithm")
+    # The decode backend the release resolved on the emulated node; the flags where nothing resolved.
+    backend = (la.attention_backends[1] if la is not None else None) or option("--decode-attention-backend") or \
+        option("--attention-backend")
     dcp = la.dcp_size if la is not None else int(float(option("--dcp-size") or option("--decode-context-parallel-size") or 1))
     target = la.model_path if la is not None else option("--model-path") or option("--model")
     draft = la.draft_model_path if la is not None else option("--speculative-draft-model-path")
     hicache = la.enable_hierarchical_cache if la is not None else "--enable-hierarchical-cache" in argv
+    mla = models_mod.is_mla_config(configs["target"])
+    if not algorithm:
+        if dcp > 1 and not mla:
+            return passes_mod.Judgement(passes_mod.release_key(release.version), passes_mod.PLAIN, dcp, False,
+                                        why_unmapped="the map's targets are MLA models; a dense target under DCP is "
+                                                     "not mapped")
+        return passes_mod.judge_plain(release.version, dcp=dcp, target_backend=backend)
     return passes_mod.judge(
-        release.version, algorithm, dcp=dcp, own_layer=draft in (None, target),
-        target_mla=models_mod.is_mla_config(configs["target"]),
-        target_backend=option("--decode-attention-backend") or option("--attention-backend"),
-        draft_backend=option("--speculative-draft-attention-backend"), hicache=hicache,
+        release.version, algorithm, dcp=dcp, own_layer=draft in (None, target), target_mla=mla,
+        target_backend=backend, draft_backend=option("--speculative-draft-attention-backend"), hicache=hicache,
     )
 
 

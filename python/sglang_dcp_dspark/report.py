@@ -30,9 +30,16 @@ def render(report: dict) -> str:
     out.append(f"launch {verdict} sglang {report['release']['sglang']}'s validation (as run with the dcp_dspark plugin {state})")
     out.append(f"  {'judged by':<13} {_judged_by(report)}")
     out.append(f"  {'plugin':<13} {report['plugin']['reason']}")
-    for label, key in (("stock sglang", "stock"), ("with plugin", "with_plugin")):
+    applied = report["release"].get("series_applied") or []
+    # A tree with a series applied is not stock sglang: the label says what it carries.
+    base = ("sglang + " + ", ".join(applied)) if applied else "stock sglang"
+    for label, key in ((base, "stock"), ("with plugin", "with_plugin")):
         r = report[key]
         out.append(f"  {label:<13} {'passes' if r['passed'] else 'rejected: ' + r['message']}")
+    backends = report.get("attention_backends") or {}
+    if backends.get("decode") or backends.get("prefill"):
+        out.append(f"  {'attention':<13} prefill {backends.get('prefill') or '?'}, decode {backends.get('decode') or '?'}"
+                   f" ({backends['from']})")
     out.extend(_render_passes(report.get("passes") or {}))
     sizing = report.get("sizing")
     if sizing and "skipped" in sizing:
@@ -45,12 +52,14 @@ def render(report: dict) -> str:
 
 
 def _render_passes(judged: dict) -> list[str]:
-    """The speculative passes under DCP, one line each, as the pass map has them (docs/spec-under-dcp.md)."""
+    """The passes under DCP, one line each, as the pass map has them (docs/spec-under-dcp.md): the speculative ones,
+    or a plain launch's target EXTEND and DECODE."""
     if not judged.get("algorithm") or judged.get("dcp", 1) <= 1:
         return []
+    kind = "plain DCP (no speculative decoding)" if judged["algorithm"] == "plain" else judged["algorithm"]
     if not judged["mapped"]:
-        return [f"  {'passes':<13} {judged['summary']}"]
-    out = [f"  {'passes':<13} {judged['algorithm']} at dcp {judged['dcp']}, from the pass map (docs/spec-under-dcp.md)"
+        return [f"  {'passes':<13} {kind} at dcp {judged['dcp']}: unchecked: {judged['why_unmapped']}"]
+    out = [f"  {'passes':<13} {kind} at dcp {judged['dcp']}, from the pass map (docs/spec-under-dcp.md)"
            + (f"; {judged['note']}" if judged.get("note") else "")]
     for found in judged["passes"]:
         hicache = ", after a HiCache load-back" if found["after_hicache"] else ""

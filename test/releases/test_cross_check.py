@@ -22,14 +22,20 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = str(DATA / "tiny-mla")
 DSA = str(DATA / "deepseek-v32")
 DENSE_DRAFT = preflight.DEFAULT_DRAFT
+# A Blackwell node, where cutedsl_mla runs: its passes the map leaves unchecked, so the plugin admits speculative
+# decoding under DCP (on an H200 sglang picks fa3, which the plugin refuses: test_node_verdicts.py).
+NODE = launch_mod.Node.of_part("NVIDIA B200")
 
 
 def _launch(argv: list[str]):
-    release, argv, configs = preflight.prepare(argv, launch_mod.Node(), 1024)
-    resolution = preflight.resolve(release, argv, launch_mod.Node(), configs["paths"], hooked=True)
+    # cutedsl_mla, PR #35221's validated backend on Blackwell (flashinfer, which the tiny configs would get, and
+    # trtllm_mla, which DeepSeek-V3 gets, are refused under DCP with a draft)
+    argv = [*argv, "--attention-backend", "cutedsl_mla"]
+    release, argv, configs = preflight.prepare(argv, NODE, 1024)
+    resolution = preflight.resolve(release, argv, NODE, configs["paths"], hooked=True)
     assert resolution.passed, resolution.message
     la = resolution.launch
-    return release, la, preflight.read_models(release, la, launch_mod.Node(), configs["paths"])
+    return release, la, preflight.read_models(release, la, NODE, configs["paths"])
 
 
 def _figures(built) -> list[tuple]:

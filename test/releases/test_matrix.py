@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.compat import parse_version
 from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
 from tree_table import TREES
@@ -31,17 +30,28 @@ def since(version: str) -> bool:
     return parse_version(RELEASE) >= parse_version(version)
 
 
-# A DSPARK launch under DCP that names no --attention-backend: BROKEN PASS (exit 5) where the pass map shows one of
-# its passes reading other rows on this release (docs/spec-under-dcp.md), else it passes.
-DSPARK_CODE = 5 if passes.judge(RELEASE, "DSPARK", dcp=8, own_layer=False, hicache=True).broken else 0
+# The node decides the attention backend, and so the verdict under DCP. On an H200 sglang picks fa3 for an MLA
+# model, which the plugin (and upstream-next 0011 / 0008) refuses under DCP, speculative or not: exit 1 on every
+# release. On a B200 it picks trtllm_mla for DeepSeek-V3, whose factory refuses speculative decoding under DCP at
+# startup (the map's probe), so the plugin refuses it at argument time: exit 1. cutedsl_mla, named, is PR #35221's
+# validated backend: its passes the map cannot check on CPU, so the launch starts and its verdict says they are
+# unchecked (exit 6).
+HOPPER = ["--gpu-name", "NVIDIA H200"]
+BLACKWELL = ["--gpu-name", "NVIDIA B200"]
+FLASHINFER = ["--attention-backend", "flashinfer"]
+CUTEDSL = ["--attention-backend", "cutedsl_mla"]
 
 # name -> (preflight's own options, the launch, the exit code on this release)
 MATRIX = {
-    "embedded default": ([], None, DSPARK_CODE),
-    "no draft": (ROWS, DCP8, 0),
-    "DSPARK": (ROWS, DCP8 + DSPARK, DSPARK_CODE),
-    "--hicache-size": (ROWS, DCP8 + DSPARK + ["--hicache-size", "100"], DSPARK_CODE),
-    "--page-size 64": (ROWS, DCP8 + DSPARK + ["--page-size", "64"], DSPARK_CODE),
+    "embedded default": ([], None, 6),
+    "no draft": (HOPPER + ROWS, DCP8 + FLASHINFER, 0),
+    "no draft on the backend the H200 picks": (HOPPER + ROWS, DCP8, 1),
+    "DSPARK on the backend the H200 picks": (HOPPER + ROWS, DCP8 + DSPARK, 1),
+    # (upstream-next leaves trtllm_mla to sglang's own refusal at startup, and the plugin stands aside there: 5)
+    "DSPARK on the backend the B200 picks": (BLACKWELL + ROWS, DCP8 + DSPARK, 5 if TREE == "next-patched" else 1),
+    "DSPARK": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL, 6),
+    "--hicache-size": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--hicache-size", "100"], 6),
+    "--page-size 64": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--page-size", "64"], 6),
     # A decode server leaves its ratio for kv_cache_builder to resolve against its retraction backup.
     # Under DCP every release refuses PD decode with HiCache, so this one runs at tp 8 alone.
     "decode disaggregation": (ROWS, ["--model-path", V3, "--tp", "8", "--enable-hierarchical-cache",
@@ -51,7 +61,10 @@ MATRIX = {
     "buffer_only with a storage backend": (ROWS, ["--model-path", V3, "--tp", "8", "--enable-hierarchical-cache",
                                                   "--hicache-host-memory-mode", "buffer_only", "--hicache-storage-backend", "file"],
                                            0 if since("0.5.19") else 2),
-    # Under DCP the L3 backend is refused by every release (0.5.23 still refuses it in buffer_only).
+    # Under DCP an L3 backend with the default host memory: refused up to 0.5.22, admitted by 0.5.23.
+    "a storage backend under DCP": (HOPPER + ROWS, DCP8 + FLASHINFER + ["--hicache-storage-backend", "file"],
+                                    0 if since("0.5.23") else 1),
+    # Under DCP the L3 backend in buffer_only is refused by every release that has the mode.
     "buffer_only with a storage backend under DCP": (ROWS, DCP8 + ["--hicache-host-memory-mode", "buffer_only",
                                                                    "--hicache-storage-backend", "file"],
                                                      1 if since("0.5.19") else 2),
@@ -80,8 +93,8 @@ def test_every_launch_ends_with_its_verdict(name):
 
 def test_the_embedded_default_passes_with_a_draft_covering_every_logical_slot():
     code, report, err = preflight()
-    assert code == DSPARK_CODE and err == "", err[-2000:]
-    assert report["verdict"]["outcome"] == ("PASSES" if code == 0 else "BROKEN PASS")
+    assert code == 6 and err == "", err[-2000:]
+    assert report["verdict"]["outcome"] == "PASSES, UNCHECKED"  # cutedsl_mla's passes: not mappable on CPU
     sizing = report["sizing"]
     assert sizing["draft_coverage"] >= 1.0
     assert [p["name"] for p in sizing["pools"]][0] == "target KV"
@@ -94,13 +107,13 @@ def test_the_embedded_default_passes_with_a_draft_covering_every_logical_slot():
 
 
 # A dense DSPARK draft of the public Kimi-K3 DSPARK draft's geometry (the embedded default's), at tp 8 / dcp 8.
-KIMI_K3_DRAFT = ["--device-rows", "540000", "--", *DCP8, "--hicache-ratio", "2", *DSPARK]
+KIMI_K3_DRAFT = [*BLACKWELL, "--device-rows", "540000", "--", *DCP8, "--hicache-ratio", "2", *DSPARK, *CUTEDSL]
 
 
 def test_the_dense_dspark_draft_gets_a_host_pool_over_every_logical_slot():
     """DSparkDraftModel (16 KV heads, head_dim 64, 5 layers): its own host pool, at sglang's bytes per token."""
     code, report, err = preflight(*KIMI_K3_DRAFT)
-    assert code == DSPARK_CODE, report["verdict"]["line"]
+    assert code == 6, report["verdict"]["line"]
     sizing = report["sizing"]
     assert sizing["draft_kv"] == {"kind": "mha", "layers": 5, "head_num": 2, "head_dim": 64, "v_head_dim": 64,
                                   "dtype": "bfloat16"}
@@ -130,7 +143,7 @@ def test_the_decode_server_ratio_is_resolved_by_the_release():
 
 
 # --hicache-ratio 2 stated: from 0.5.21 auto-sizing would otherwise bring the ratio down until the pools fit.
-DSA_LAUNCH = ["--device-rows", "1400000", "--", "--model-path", str(DATA / "deepseek-v32"), "--tp", "8", "--dcp-size", "8",
+DSA_LAUNCH = [*HOPPER, "--device-rows", "1400000", "--", "--model-path", str(DATA / "deepseek-v32"), "--tp", "8", "--dcp-size", "8",
               "--enable-hierarchical-cache", "--hicache-ratio", "2", *DSPARK]
 
 
@@ -162,7 +175,7 @@ def test_auto_sizing_brings_the_dsa_launch_into_the_node_with_the_fix():
     at = DSA_LAUNCH.index("--hicache-ratio")
     launch = DSA_LAUNCH[:at] + DSA_LAUNCH[at + 2:]
     code, report, _ = preflight(*launch)
-    assert code == DSPARK_CODE and report["sizing"]["hicache_ratio"] < 2
+    assert code == 6 and report["sizing"]["hicache_ratio"] < 2
     assert "DSA indexer" in [p["name"] for p in report["sizing"]["pools"]]
     assert "Not enough host memory available" in report["sizing"]["stock_startup_error"]
 
@@ -187,7 +200,7 @@ def test_auto_sizing_short_of_the_draft_stops_stock_and_the_fix_fits():
     sizing = report["sizing"]
     assert sizing["auto_sized_from"] == 2.0
     # As run (the plugin on, or the series): the estimate counts the draft, the ratio comes down, the pools fit.
-    assert code == DSPARK_CODE and sizing["hicache_ratio"] < 2.0
+    assert code == 6 and sizing["hicache_ratio"] < 2.0
     if "upstream-next" in report["release"]["series_applied"]:
         assert sizing["stock_pools"] is None  # the series sizes it; the plugin stands aside, stock builds the same
     else:
@@ -204,8 +217,8 @@ def test_no_auto_sizing_before_0_5_21():
 
 @pytest.mark.skipif(TREE != "next-patched", reason="--hicache-draft-backup is upstream-next's (0005)")
 def test_the_series_budget_and_both_draft_backups_side_by_side():
-    code, report, _ = preflight(*ROWS, "--", *DCP8, *DSPARK, "--hicache-size", "100")
-    assert code == DSPARK_CODE and report["release"]["series_applied"] == ["upstream-next"]
+    code, report, _ = preflight(*BLACKWELL, *ROWS, "--", *DCP8, *DSPARK, *CUTEDSL, "--hicache-size", "100")
+    assert code == 6 and report["release"]["series_applied"] == ["upstream-next"]
     backups = report["sizing"]["backups"]
     replicated, sharded = backups["replicated"], backups["sharded"]
     # The same budget holds both; sharded, the target gets the draft's share back (t / (t + d) rather than t / (t + 8 d)).

@@ -16,7 +16,9 @@ import pytest
 from .conftest import preflight
 
 PUBLIC = Path(__file__).resolve().parents[1] / "data" / "public"
-DCP8 = ["--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache"]
+# flashinfer: the MLA backend whose plain passes the map shows consistent under DCP (on an H200 sglang would pick
+# fa3, which the plugin refuses there: test_node_verdicts.py)
+DCP8 = ["--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache", "--attention-backend", "flashinfer"]
 ROWS = ["--device-rows", "100000"]
 
 
@@ -71,10 +73,14 @@ def test_deepseek_v4_flash_gets_sglangs_verdict_or_one_line():
 
 
 def test_qwen3_next_is_not_judged_on_this_machines_platform():
-    """sglang's extra_buffer check asks the platform: the CPU machine's answer is no verdict on the GPU node."""
+    """sglang's extra_buffer check asks the platform: the CPU machine's answer is no verdict on the GPU node. Where
+    the release asks an architecture probe the emulated node answers (0.5.23's platform object), the check passes and
+    preflight says it does not size the hybrid stack instead: never a verdict either way."""
     code, _, err = judged("qwen3-next", "--tp", "8", "--enable-hierarchical-cache")
-    assert code == 2 and "for a reason of the machine preflight runs on, not of the emulated" in err
-    assert "preflight cannot reach sglang's verdict on CPU" in err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("for a reason of the machine preflight runs on, not of the emulated" in err
+            and "preflight cannot reach sglang's verdict on CPU" in err) or (
+        "preflight cannot size the target" in err and "Qwen3NextForCausalLM" in err), err
 
 
 EAGLE3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(PUBLIC / "kimi-k2.5-eagle3")]

@@ -23,13 +23,16 @@ For one sglang release (the tree on ``PYTHONPATH``), on CPU, with small pools:
 
 Target backends: flashinfer MLA (``FlashInferMLAAttnBackend``, ``--attention-backend flashinfer`` on an MLA model)
 and fa3 (``FlashAttentionBackend`` in its MLA mode, its rows = ``page_table`` x ``cache_seqlens``; ``sgl_kernel`` is
-a stand-in module whose kernels raise if called). Releases 0.5.18-0.5.23: pools, write doors, read-id builders and
+a stand-in module whose kernels raise if called). Releases 0.5.17-0.5.23: pools, write doors, read-id builders and
 HiCache pieces are each release's own, called with the signatures that release has (see docs/spec-under-dcp.md).
 
 Drafts: NEXTN (the target's own MLA layer), DSPARK's dense draft on each draft-backend flag (the flashinfer and
 trtllm_mha draft blocks on the real backend objects, eager and as a CUDA graph), and external EAGLE / EAGLE3
 dense drafts (``test/spec/passmap_eagle.py``). Probes: launches the release refuses before any pass runs, by its
 own check (``probes``).
+
+A plain launch's target passes (EXTEND, DECODE eager and CUDA graph, with the LSE the DCP merge needs) are
+``test/spec/passmap_plain.py``'s, recorded under "plain".
 
 Verdicts: "consistent", "wrong-rows", "raises", "not-admitted", "not-run".
 Nothing is hard-coded: every verdict is what the run found.
@@ -681,6 +684,12 @@ def configurator(launch, *, draft: bool, layers: int, architecture: str):
         hf_config=SimpleNamespace(architectures=[architecture]), num_nextn_predict_layers=launch.nextn_layers,
         get_num_kv_heads=kv_heads,
     )
+    # 0.5.17 reads the launch's dcp_size off its server args (``loc_space_scale``); later releases off the runtime
+    # context. Only where the release asks: an object there would change what a later release's builders decide.
+    server_args = None
+    scale = getattr(KVCacheConfigurator, "loc_space_scale", None)
+    if isinstance(scale, property) and "self.server_args" in _source(scale.fget):
+        server_args = ReleaseArgs()
     slots = set()
     for klass in KVCacheConfigurator.__mro__:
         slots |= set(getattr(klass, "__slots__", ()))
@@ -690,7 +699,7 @@ def configurator(launch, *, draft: bool, layers: int, architecture: str):
         is_hybrid_swa=False, is_hybrid_swa_compress=False, mambaish_config=None, hybrid_gdn_config=None,
         is_inkling_mtp_draft=False, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
         post_capture_kv_active=False, kv_shard_rank=None, kv_shard_spec=None, kv_shard_group=None,
-        token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=layouts.PAGE, server_args=None,
+        token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=layouts.PAGE, server_args=server_args,
         spec_algorithm=spec_algorithm(launch.algorithm), model_config=model_config, draft_model_idx=None,
         attn_dp_size=1, pp_size=1, req_to_token_pool=None, memory_pool_config=None,
         layer_info=SimpleNamespace(num_effective_layers=layers, start_layer=0, end_layer=layers),
@@ -698,6 +707,39 @@ def configurator(launch, *, draft: bool, layers: int, architecture: str):
         if name in slots:
             setattr(cfg, name, value)
     return cfg
+
+
+class ReleaseArgs:
+    """Server args as the release's own ``ServerArgs`` defaults them, for the builders that read a few fields
+    (0.5.17's configurator reads ``dcp_size`` and ``attention_backend``, its draft backends
+    ``get_attention_backends()``): ``dcp_size`` is the rank being run's, ``fields`` set the rest by hand, and its
+    methods are the release's own, bound to this record."""
+
+    def __init__(self, **fields) -> None:
+        vars(self).update(fields)
+
+    @property
+    def dcp_size(self) -> int:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().attn_dcp_size
+
+    def __getattr__(self, name: str):
+        import dataclasses
+        import types
+
+        from sglang.srt.server_args import ServerArgs
+
+        for f in dataclasses.fields(ServerArgs):
+            if f.name == name:
+                if f.default is not dataclasses.MISSING:
+                    return f.default
+                if f.default_factory is not dataclasses.MISSING:
+                    return f.default_factory()
+        member = getattr(ServerArgs, name, None)
+        if callable(member) and not name.startswith("__"):
+            return types.MethodType(member, self)
+        raise AttributeError(name)
 
 
 def pools(algorithm: str, draft_kind: str):
@@ -1365,9 +1407,15 @@ def fa3_spec(algorithm: str):
 
 
 def fa3_runner(pool, req, tr, *, draft: bool):
+    import importlib
+
     from sglang.srt.configs.model_config import AttentionArch
 
     mr = model_runner(pool, req.req_to_token, tr)
+    with fa3_kernels_stubbed():
+        init = _source(importlib.import_module(FAB).FlashAttentionBackend.__init__)
+    if "model_runner.server_args" in init:  # 0.5.17 reads the topk off the server args; later releases get_spec()
+        mr.server_args = ReleaseArgs(speculative_eagle_topk=1)
     mr.model_config.attention_arch = AttentionArch.MLA
     mr.model_config.hf_text_config = SimpleNamespace(num_attention_heads=HEADS)
     mr.kv_cache_dtype_str = "auto"
@@ -1502,7 +1550,7 @@ W_FA3 = {
     "TARGET_VERIFY_EAGER": f"{FAB}.FlashAttentionBackend.init_forward_metadata (TARGET_VERIFY, topk 1: page_table, "
                            "cache_seqlens = seq_lens + num_draft_tokens)",
 }
-FA3_RELEASES = ((0, 5, 18),)  # every mapped release
+FA3_RELEASES = ((0, 5, 17),)  # every mapped release
 
 
 @functools.cache
@@ -1667,10 +1715,15 @@ DRAFT_OBJECTS = {"flashinfer": f"{ATT}.flashinfer_backend.FlashInferAttnBackend"
 
 def draft_runner(pool, req: Request, tr, backend: str):
     """The stand-in draft model runner, with what the MHA backends' ``__init__`` reads of a dense draft."""
+    # the server-args fields these __init__s read (0.5.18 reads them off model_runner.server_args), at their defaults
+    import importlib
+
     import torch
 
-    # the server-args fields these __init__s read (0.5.18 reads them off model_runner.server_args), at their defaults
     args = SimpleNamespace(dllm_algorithm=None, enable_mis=False, enable_deterministic_inference=False)
+    if "server_args.get_attention_backends()" in _source(importlib.import_module(f"{ATT}.flashinfer_backend")):
+        # 0.5.17 asks the server args which backends the launch resolved: the release's own method, on its defaults
+        args = ReleaseArgs(**vars(args), attention_backend=backend)
     mr = model_runner(pool, req.req_to_token, tr, server_args=args)
     mc = mr.model_config
     mc.get_num_kv_heads = lambda *tp_and_dcp: MHA_KV_HEADS  # (attn_tp_size[, attn_dcp_size]) by release
@@ -1975,6 +2028,14 @@ def external_draft_case(algorithm: str, dcp: int, rank: int):
     return passmap_eagle.eagle_case(algorithm, dcp, rank)
 
 
+def plain_module():
+    """test/spec/passmap_plain.py: the non-speculative passes (one harness module, as for passmap_eagle)."""
+    sys.modules.setdefault("spec.passmap", sys.modules[__name__])
+    from spec import passmap_plain
+
+    return passmap_plain
+
+
 DEFAULT_RESOLVER = "sglang.srt.arg_groups.speculative_hook._resolve_dflash_draft_attention_backend"
 
 
@@ -2075,7 +2136,9 @@ def probe_trtllm_mla_target(dcp: int = 8) -> dict:
 
     reg = importlib.import_module(REGISTRY)
     # 0.5.18 asks the server args themselves (speculative_algorithm, get_attention_backends())
-    args = SimpleNamespace(speculative_algorithm="EAGLE", get_attention_backends=lambda: ("trtllm_mla", "trtllm_mla"))
+    # (0.5.17 reads dcp_size off them too; later releases the runtime context)
+    args = SimpleNamespace(speculative_algorithm="EAGLE", get_attention_backends=lambda: ("trtllm_mla", "trtllm_mla"),
+                           dcp_size=dcp)
     runner = SimpleNamespace(use_mla_backend=True, server_args=args)
     out = {"probe": f"--attention-backend trtllm_mla on the MLA target, speculative decoding, dcp {dcp}",
            "where": f"{REGISTRY}.create_trtllm_mla_backend (ATTENTION_BACKENDS['trtllm_mla'])"}
@@ -2148,11 +2211,15 @@ def sort_key(c: dict) -> tuple:
             c["draft_backend"] or "", c["dcp"], c["rank"])
 
 
-def merge(old: dict | None, records: list[dict], probe_records: list[dict], rel: str) -> dict:
+def merge(old: dict | None, records: list[dict], probe_records: list[dict], rel: str,
+          plain_records: list[dict] = ()) -> dict:
+    plain = plain_module()
     kept = [c for c in (old or {}).get("cases", []) if c["release"] != rel]
     kept_probes = [r for r in (old or {}).get("probes", []) if r["release"] != rel]
-    return {"generated_by": GENERATED_BY, "passes": list(PASSES), "cases": sorted(kept + records, key=sort_key),
-            "probes": sorted(kept_probes + probe_records, key=probe_key)}
+    kept_plain = [r for r in (old or {}).get("plain", []) if r["release"] != rel]
+    return {"generated_by": GENERATED_BY, "passes": list(PASSES), "plain_passes": list(plain.PLAIN_PASSES),
+            "cases": sorted(kept + records, key=sort_key), "probes": sorted(kept_probes + probe_records, key=probe_key),
+            "plain": sorted(kept_plain + list(plain_records), key=plain.sort_key)}
 
 
 def probe_key(r: dict) -> tuple:
@@ -2197,6 +2264,9 @@ def markdown(data: dict) -> str:
                      == (c["algorithm"], c["target_backend"], c.get("draft_backend_flag"), c["dcp"])]
             out.append(f"| {c['algorithm']} | {c['target_backend']} | {flag_name(c)} | {c['dcp']} | "
                        + " | ".join(worst_cell([d["passes"][p] for d in peers]) for p in PASSES) + " |")
+        plain_rows = [r for r in data.get("plain", []) if r["release"] == rel]
+        if plain_rows:
+            out += ["", *plain_module().markdown(plain_rows)]
         probe_rows = [r for r in data.get("probes", []) if r["release"] == rel]
         if probe_rows:
             out += ["", "Launches refused before any pass runs (probes):", "", "| launch | verdict | detail | where |",
@@ -2240,9 +2310,12 @@ def committed_probes_for(rel: str) -> list[dict]:
     return [r for r in (load() or {}).get("probes", []) if r["release"] == rel]
 
 
-def fresh(records: list[dict], probe_records: list[dict], rel: str) -> bool:
+def fresh(records: list[dict], probe_records: list[dict], rel: str, plain_records: list[dict] = ()) -> bool:
+    key = plain_module().sort_key
+    committed_plain = [r for r in (load() or {}).get("plain", []) if r["release"] == rel]
     return (sorted(records, key=sort_key) == sorted(committed_for(rel), key=sort_key)
-            and sorted(probe_records, key=probe_key) == sorted(committed_probes_for(rel), key=probe_key))
+            and sorted(probe_records, key=probe_key) == sorted(committed_probes_for(rel), key=probe_key)
+            and sorted(plain_records, key=key) == sorted(committed_plain, key=key))
 
 
 def prepare() -> None:
@@ -2258,11 +2331,13 @@ def prepare() -> None:
     logging.disable(logging.WARNING)
 
 
-CONTROLS = ("shift-write", "no-translate", "shift-mha-write")
+CONTROLS = ("shift-write", "no-translate", "shift-mha-write", "no-lse")
 # The cases each control runs (at dcp 2 and 8): NEXTN's MLA passes, or DSPARK's dense draft block on the backend
 # objects the harness builds (the default flashinfer, and trtllm_mha).
 CONTROL_CASES = {"shift-write": [("NEXTN", None)], "no-translate": [("NEXTN", None)],
-                 "shift-mha-write": [("DSPARK", None), ("DSPARK", "trtllm_mha")]}
+                 "shift-mha-write": [("DSPARK", None), ("DSPARK", "trtllm_mha")], "no-lse": []}
+# The plain (non-speculative) target each control runs too: flashinfer MLA, whose map reads consistent.
+PLAIN_CONTROLS = ("shift-write", "no-lse")
 
 
 @contextlib.contextmanager
@@ -2308,6 +2383,10 @@ def control(name: str) -> Iterator[None]:
             fmb = importlib.import_module(FMB)
             saved["plan_dcp"] = fmb.plan_dcp_decode_metadata
             fmb.plan_dcp_decode_metadata = lambda *args, **kwargs: None
+    elif name == "no-lse":  # the flashinfer MLA decode kernel answers without the LSE the backend asked for
+        plain = plain_module()
+        saved["run"] = plain.LseWrapper.run
+        plain.LseWrapper.run = lambda self, q_nope, *args, out=None, **kwargs: (q_nope if out is None else out)
     else:
         raise ValueError(name)
     try:
@@ -2321,6 +2400,8 @@ def control(name: str) -> Iterator[None]:
             from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 
             KVIndexTranslator.translate_dcp_read_ids = saved["translate"]
+        if "run" in saved:
+            plain_module().LseWrapper.run = saved["run"]
         if "plan_dcp" in saved:
             import importlib
 
@@ -2330,30 +2411,35 @@ def control(name: str) -> Iterator[None]:
 def main(argv: list[str]) -> int:
     prepare()
     if "--control" in argv:  # negative controls (comma-separated) on NEXTN at dcp 2 and 8: {name: records}
-        out = {}
+        out, plain_out = {}, {}
         for name in argv[argv.index("--control") + 1].split(","):
             with control(name):
-                out[name] = measure(dcp_sizes=(2, 8), only=CONTROL_CASES[name])
-        result = {"release": release(), "controls": out, "probe_control": probe_trtllm_mla_target(dcp=1)}
+                out[name] = measure(dcp_sizes=(2, 8), only=CONTROL_CASES[name]) if CONTROL_CASES[name] else []
+                if name in PLAIN_CONTROLS:
+                    plain = plain_module()
+                    plain_out[name] = [plain.plain_case("flashinfer_mla", dcp, rank) for dcp in (2, 8)
+                                       for rank in (0, dcp - 1)]
+        result = {"release": release(), "controls": out, "plain_controls": plain_out,
+                  "probe_control": probe_trtllm_mla_target(dcp=1)}
         if "--check" in argv:  # the freshness check in the same process (one sglang import for both)
-            result["check"] = fresh(measure(), probes(), release())
+            result["check"] = fresh(measure(), probes(), release(), plain_module().measure())
         print(json.dumps(result))
         return 0
-    records, probe_records = measure(), probes()
+    records, probe_records, plain_records = measure(), probes(), plain_module().measure()
     rel = release()
     if "--json" in argv:
-        print(json.dumps({"cases": records, "probes": probe_records}, indent=1))
+        print(json.dumps({"cases": records, "probes": probe_records, "plain": plain_records}, indent=1))
         return 0
     if "--check" in argv:
-        ok = fresh(records, probe_records, rel)
+        ok = fresh(records, probe_records, rel, plain_records)
         print(f"sglang {rel}: {'matches' if ok else 'DIFFERS FROM'} {DATA.relative_to(REPO)}")
         return 0 if ok else 1
-    data = merge(load(), records, probe_records, rel)
+    data = merge(load(), records, probe_records, rel, plain_records)
     if "--write" in argv:
         DATA.parent.mkdir(parents=True, exist_ok=True)
         DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         write_doc(data)
-    print(markdown({"cases": records, "probes": probe_records}))
+    print(markdown({"cases": records, "probes": probe_records, "plain": plain_records}))
     return 0
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -170,7 +171,10 @@ def draft_backends(runner):
     fb_module = importlib.import_module(FB)
     passmap.stub_flashinfer_mha(fb_module)
     du = importlib.import_module(DU)
-    factory = du.DraftBackendFactory(runner, 1, passmap.STEPS)
+    if "server_args" in inspect.signature(du.DraftBackendFactory.__init__).parameters:  # 0.5.17 takes them first
+        factory = du.DraftBackendFactory(passmap.ReleaseArgs(speculative_eagle_topk=1, attention_backend="flashinfer"), runner, 1, passmap.STEPS)
+    else:
+        factory = du.DraftBackendFactory(runner, 1, passmap.STEPS)
     return factory.create_decode_backend(), factory.create_draft_extend_backend()
 
 

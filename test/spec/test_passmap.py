@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-# The map is generated on the stock release trees (patches/trees.json runs test/spec there); the stock 0.5.17 run,
-# which takes all of test/, checks the schema only.
+# The map is generated on the stock release trees: 0.5.17 (the stock run, which takes all of test/) and the trees
+# patches/trees.json runs test/spec on.
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
-MAP_TREES = ("upstream-0.5.18", "release-0.5.19", "release-0.5.20", "release-0.5.21", "release-0.5.22", "next-stock")
+MAP_TREES = ("stock", "upstream-0.5.18", "release-0.5.19", "release-0.5.20", "release-0.5.21", "release-0.5.22",
+             "next-stock")
 on_a_mapped_tree = pytest.mark.skipif(
-    TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang 0.5.18 to 0.5.23 ({', '.join(MAP_TREES)}), not on {TREE}")
+    TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang 0.5.17 to 0.5.23 ({', '.join(MAP_TREES)}), not on {TREE}")
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "passmap.py"
@@ -37,7 +38,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @functools.cache
 def _controls_run() -> dict:
     """Both negative controls and the freshness check in one child (one sglang import), and this tree's release."""
-    out = _run("--control", "shift-write,no-translate,shift-mha-write", "--check")
+    out = _run("--control", "shift-write,no-translate,shift-mha-write,no-lse", "--check")
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -63,6 +64,15 @@ def test_schema() -> None:
             assert p["verdict"] in verdicts and p["after_hicache"]["verdict"] in verdicts
             assert p["detail"] and p["where"]
     assert {r["release"] for r in data["probes"]} == {c["release"] for c in data["cases"]}
+    # the non-speculative passes, on every release the speculative ones are mapped on
+    assert data["plain_passes"] == ["EXTEND", "DECODE_EAGER", "DECODE_GRAPH"]
+    assert {r["release"] for r in data["plain"]} == {c["release"] for c in data["cases"]}
+    for record in data["plain"]:
+        assert set(record) == {"release", "algorithm", "target_backend", "target_kind", "dcp", "rank", "passes"}
+        assert record["algorithm"] is None and record["target_kind"] == "mla"
+        assert list(record["passes"]) == data["plain_passes"]
+        for p in record["passes"].values():
+            assert p["verdict"] in verdicts and p["detail"] and p["where"]
     for probe in data["probes"]:
         assert set(probe) == {"release", "probe", "verdict", "detail", "where"}
         assert probe["verdict"] in verdicts and probe["detail"] and probe["where"]
@@ -143,3 +153,45 @@ def test_negative_control_on_the_dense_draft_block() -> None:
                                                                            case["rank"], case["passes"]["DRAFT_EXTEND"])
         checked += 1
     assert checked, f"sglang {release}: no DSPARK draft block is consistent in the committed map"
+
+
+def _committed_plain(release: str, backend: str) -> dict:
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    return {(r["dcp"], r["rank"]): r for r in data["plain"] if r["release"] == release and r["target_backend"] == backend}
+
+
+@on_a_mapped_tree
+@pytest.mark.parametrize("control, verdicts", [
+    # a one-row shift in set_mla_kv_buffer's rows: every pass of the plain target reads wrong rows
+    ("shift-write", {"EXTEND": "wrong-rows", "DECODE_EAGER": "wrong-rows", "DECODE_GRAPH": "wrong-rows"}),
+    # the decode kernel answers without the LSE the backend asked for: the model's unpack fails
+    ("no-lse", {"DECODE_EAGER": "raises", "DECODE_GRAPH": "raises"}),
+])
+def test_negative_control_on_the_plain_target(control: str, verdicts: dict) -> None:
+    """The plain flashinfer-MLA target, which the committed map reads consistent at dcp > 1, is found broken once its
+    write door or its decode kernel's LSE is broken: the map can see both a wrong row and a missing LSE."""
+    release = _release()
+    committed = _committed_plain(release, "flashinfer_mla")
+    checked = 0
+    for record in _controls_run()["plain_controls"][control]:
+        before = committed[(record["dcp"], record["rank"])]["passes"]
+        for name, verdict in verdicts.items():
+            assert before[name]["verdict"] == "consistent", (release, name, before[name])
+            assert record["passes"][name]["verdict"] == verdict, (control, name, record["dcp"], record["passes"][name])
+            checked += 1
+    assert checked
+
+
+@on_a_mapped_tree
+def test_plain_dcp_on_fa3_is_found_broken() -> None:
+    """fa3 has no DCP code: its decode returns no LSE for the model to merge with, which the map records at dcp > 1
+    (and not at dcp 1, where the model does not ask for one)."""
+    release = _release()
+    committed = _committed_plain(release, "fa3")
+    for (dcp, rank), record in committed.items():
+        decode = record["passes"]["DECODE_EAGER"]
+        if dcp == 1:
+            assert decode["verdict"] == "consistent", (release, rank, decode)
+        else:
+            assert decode["verdict"] == "raises" and "attn_mqa_for_dcp_decode" not in decode["detail"], decode
+            assert "no LSE" in decode["detail"], decode

@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 
-from .. import preflight
+from .. import gpus, preflight
 from .. import sweep as sweep_mod
+from .. import verdict as verdict_mod
 from ..errors import DcpDsparkError
 from ..launch import FIX_PREFLIGHT, Node
 
@@ -44,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
         ram = {}
         if args.host_ram_gib is not None:
             ram = {"host_ram_gib": _number("--host-ram-gib", args.host_ram_gib, float, local=True), "host_ram_from": "--host-ram-gib"}
-        node = Node(
-            gpus=_number("--gpus", args.gpus, int), gpu_memory_gib=_number("--gpu-memory-gib", args.gpu_memory_gib, float),
-            gpu_name=args.gpu_name, **ram,
-        )
+        # The embedded default launch is judged on its own node unless a part is named.
+        gpu_name = args.gpu_name if args.gpu_name is not None or launch else preflight.DEFAULT_GPU
+        node = Node.of_part(gpu_name, gpus=_number("--gpus", args.gpus, int),
+                            gpu_memory_gib=_number("--gpu-memory-gib", args.gpu_memory_gib, float), **ram)
         rows = _number("--device-rows", args.device_rows, int)
         if args.plot and not args.sweep:
             raise DcpDsparkError("--plot draws a sweep; expected --sweep NAME=V1,V2,... with it; fix: sglang-dcp-dspark preflight --sweep dcp=1,2,4,8 --plot FILE")
@@ -59,13 +60,17 @@ def run(args: argparse.Namespace) -> int:
             result = sweep_mod.sweep(launch, node, rows, args.sweep[0], progress=_progress)
             if args.plot:
                 result["plot"] = report_mod.plot(result, args.plot)
+            worst = verdict_mod.worst(r["report"]["verdict"]["code"] for r in result["rows"])
+            # The sweep's own verdict: its worst row's, which is also its exit code.
+            result["verdict"] = next(r["report"]["verdict"] for r in result["rows"] if r["report"]["verdict"]["code"] == worst)
             print(json.dumps(result, indent=2, default=str) if args.json else report_mod.render_sweep(result))
-            return max(r["report"]["verdict"]["code"] for r in result["rows"])
+            return worst
         report = preflight.run(launch, node, device_rows=rows)
     except DcpDsparkError as exc:
         if args.json:
             # The same verdict on stdout for a script; the one-line error still goes to stderr.
             print(json.dumps({"verdict": preflight.verdict_of(exc.exit_code, str(exc)), "error": str(exc)}, indent=2))
+            exc.reported = True  # main prints the error line only
         raise
     print(json.dumps(report, indent=2, default=str) if args.json else report_mod.render(report))
     return report["verdict"]["code"]
@@ -78,14 +83,20 @@ def add_parser(sub) -> None:
         description="Runs the installed sglang's own argument resolution and host-pool builders on an emulated GPU node; with "
                     "no launch arguments, DeepSeek-V3 (its config.json, shipped in the package) with a dense DSparkDraftModel DSPARK draft "
                     "(the public Kimi-K3 DSPARK draft's geometry), "
-                    + " ".join(preflight.DEFAULT_LAUNCH) + f" and {preflight.DEFAULT_DEVICE_ROWS:,} device rows per rank. Exit codes: 0 passes and will "
-                    "start, 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup, 5 passes validation but a "
-                    "speculative pass under DCP crashes or reads other tokens' KV (a sweep exits with its worst).",
+                    + " ".join(preflight.DEFAULT_LAUNCH) + f" and {preflight.DEFAULT_DEVICE_ROWS:,} device rows per rank "
+                    f"on an 8 x {preflight.DEFAULT_GPU} node. Exit codes: 0 passes and will start (every pass under DCP "
+                    "checked), 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup, 5 passes "
+                    "validation but a pass under DCP crashes or reads other tokens' KV, 6 passes validation and will "
+                    "start but its passes under DCP are unchecked on its backend (a sweep exits with its worst).",
     )
     p.add_argument("--json", action="store_true", help="print the report (or the error) as JSON on stdout")
     p.add_argument("--gpus", default=str(Node.gpus), metavar="N", help=f"GPUs on the target node (default {Node.gpus})")
-    p.add_argument("--gpu-memory-gib", default=str(Node.gpu_memory_gib), metavar="GIB", help=f"memory per GPU (default {Node.gpu_memory_gib:g})")
-    p.add_argument("--gpu-name", default=Node.gpu_name, metavar="NAME")
+    p.add_argument("--gpu-name", metavar="NAME",
+                   help=f"the node's GPU part, as torch names it (default {Node.gpu_name!r}); it sets the compute capability "
+                        f"and the memory per GPU, and so the attention backends sglang picks: one of "
+                        f"{', '.join(p.key for p in gpus.PARTS)}")
+    p.add_argument("--gpu-memory-gib", metavar="GIB", help="memory per GPU (default: the part's, e.g. "
+                                                            f"{Node.gpu_memory_gib:g} for the {gpus.DEFAULT.key})")
     p.add_argument("--host-ram-gib", metavar="GIB",
                    help=f"host RAM of the target node (default {Node.host_ram_gib:g}, as on a DGX H200); "
                         "'local': what this machine has available now")

@@ -67,9 +67,13 @@ def sidecar_carries(version: str | None) -> str | None:
             does += f" ({'; '.join(dict.fromkeys(missing))})"
     release = passes.release_key(version)
     if release in passes.releases() and passes.measured(release) and passes.broken_kinds(release):
-        check = "refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows"
+        check = REFUSES
         does = f"{does}, and {check}" if does else check
     return does
+
+
+REFUSES = ("refuses under DCP, at argument time, the speculative launches the pass map shows reading other rows "
+           "(and a plain launch on a backend whose passes it shows broken)")
 
 
 def status_line(version: str | None, series_statuses=(), environ=None) -> str:
@@ -100,7 +104,7 @@ def status_line(version: str | None, series_statuses=(), environ=None) -> str:
             return f"{label} sglang {version} carries the fix upstream; the plugin leaves it alone{also}"
         if not switch.entry_point_installed():
             return (f"{label} sglang {version} carries the fix upstream; the dcp_dspark entry point is not installed "
-                    f"(pip install sglang-dcp-dspark), so nothing {carries.split(' (')[0]}{also}")
+                    f"(pip install --no-deps a checkout of sglang-dcp-dspark), so nothing {carries.split(' (')[0]}{also}")
         if not state.enabled:
             return (f"{label} sglang {version} carries the fix upstream; {state.reason}, so the plugin's sidecar "
                     f"hooks are off: {switch.TURN_ON}{also}")
@@ -108,7 +112,12 @@ def status_line(version: str | None, series_statuses=(), environ=None) -> str:
     if not handles(version):
         return f"{label} the plugin does not handle sglang {version or 'of unknown version'}; only a series would do: {series_fix}"
     if not switch.entry_point_installed():
-        return f"{label} the dcp_dspark entry point is not installed (pip install sglang-dcp-dspark); only the series would do: {series_fix}"
+        return f"{label} the dcp_dspark entry point is not installed (pip install --no-deps a checkout of sglang-dcp-dspark); only the series would do: {series_fix}"
     if not state.enabled:
         return f"{label} {state.reason}; only the series would do: {series_fix}, or turn the plugin on: {switch.TURN_ON}"
+    from .. import passes
+
+    release = passes.release_key(version)
+    if release in passes.releases() and passes.measured(release) and passes.broken_kinds(release):
+        return f"{label} fixed at run time by the plugin (series not needed); it also {REFUSES}"
     return f"{label} fixed at run time by the plugin (series not needed)"

@@ -1,7 +1,11 @@
 """Hook on ``sglang.srt.arg_groups.speculative_hook``: refuse, at argument time, the passes the map shows broken under DCP.
 
 patches/upstream-next 0008 adds the same refusal to 0.5.23's
-``handle_speculative_decoding``. Stock sglang admits speculative decoding
+``handle_speculative_decoding``, and 0011 the refusal of a plain launch
+(no speculative decoding) whose target passes the map shows broken: fa3 MLA,
+whose decode returns no LSE for the DCP merge. sglang calls
+``handle_speculative_decoding`` for every launch, after the attention
+backends are resolved, so one hook serves both. Stock sglang admits speculative decoding
 under ``--dcp-size > 1`` without HiCache, NEXTN included, though on the
 releases the pass map covers (:mod:`..passes`, docs/spec-under-dcp.md) the
 verify on an MLA model served by flashinfer or fa3 plans ids past the rank's
@@ -107,7 +111,13 @@ def check_passes_under_dcp(server_args) -> None:
     view = _view(server_args)
     dcp = int(getattr(view, "dcp_size", 1) or 1)
     algorithm = getattr(view, "speculative_algorithm", None)
-    if dcp <= 1 or algorithm is None:
+    if dcp <= 1:
+        return
+    if algorithm is None:  # a plain launch: the target's own extend and decode (0011's check)
+        line = passes.plain_refusal(_installed_version() or "", dcp=dcp, mla=_uses_mla(server_args),
+                                    target_backend=_decode_backend(server_args))
+        if line is not None:
+            raise ValueError(line)
         return
     draft_path = getattr(view, "speculative_draft_model_path", None)
     line = passes.refusal(

@@ -168,8 +168,27 @@ class Release:
             mem_fraction_static=v(args, "mem_fraction_static"),
             kv_cache_dtype=str(v(args, "kv_cache_dtype", "auto")),
             hicache_draft_backup=v(args, "hicache_draft_backup"),
+            attention_backends=self.attention_backends(args),
+            speculative_draft_attention_backend=v(args, "speculative_draft_attention_backend"),
             record=args,
         )
+
+    def attention_backends(self, args) -> tuple:
+        """The target's (prefill, decode) attention backends as the release resolved them: its own reader where it
+        has one (``attention_backends_of`` over the resolved view, 0.5.19 on; ``get_attention_backends``, 0.5.17),
+        else the fields."""
+        try:
+            from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
+
+            return tuple(attention_backends_of(resolved_view(args)))
+        except (ImportError, AttributeError, TypeError):
+            pass
+        get = getattr(args, "get_attention_backends", None)
+        if callable(get):
+            return tuple(get())
+        backend = self.value(args, "attention_backend")
+        return (self.value(args, "prefill_attention_backend") or backend,
+                self.value(args, "decode_attention_backend") or backend)
 
     # ---------------------------------------------------------------- pools
 
