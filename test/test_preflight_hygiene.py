@@ -139,3 +139,32 @@ def test_status_names_a_series_for_another_release_as_such(capsys):
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("upstream-next"))
     assert "other release" in line and "conflict" not in line, line
+
+
+def test_a_refusal_is_read_with_the_condition_that_leads_to_it(tmp_path):
+    """A raise guarded by a device-kind probe (this machine's answer) is no verdict on the node; one guarded by an
+    architecture probe (the emulated node's answer) is sglang's verdict; the condition is read, not only the raise."""
+    import importlib.util
+
+    from sglang_dcp_dspark.launch import Node, platform_refusal
+
+    module = tmp_path / "sglang" / "guarded.py"  # an sglang frame, as platform_refusal reads frames
+    module.parent.mkdir()
+    module.write_text(
+        "class _Platform:\n    is_blackwell = False\n\n\n"
+        "def is_cuda():\n    return False\n\n\n"
+        "def get_platform():\n    return _Platform()\n\n\n"
+        "def refuse(which):\n"
+        "    if (\n        which == 'device'\n        and not is_cuda()\n    ):\n        raise ValueError('needs CUDA')\n"
+        "    if which == 'arch' and not get_platform().is_blackwell:\n        raise ValueError('only Blackwell')\n"
+        "    raise ValueError('plain')\n", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("guarded", module)
+    guarded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guarded)
+    found = {}
+    for which in ("device", "arch", "plain"):
+        with pytest.raises(ValueError) as raised:
+            guarded.refuse(which)
+        found[which] = platform_refusal(raised.value, Node(), "0.5.x")
+    assert found["device"] is not None and "asks is_cuda, which answers for this CPU machine" in str(found["device"])
+    assert found["arch"] is None and found["plain"] is None

@@ -378,20 +378,40 @@ def config_load_failure(exc: BaseException, paths: dict[str, str], release: str)
     return DcpDsparkError(f"{path}/config.json {why}; sglang {release} loads every model's config through transformers before it resolves a launch; fix: {fix} ({flag} {path})")
 
 
-# The probes sglang asks of the machine it runs on (utils.is_cuda and kin, the
-# platform object from 0.5.19). Imported before the node is emulated, they answer
-# for this CPU machine: a refusal that comes from one is not sglang's verdict on
-# the GPU node.
-_PLATFORM_PROBE = re.compile(r"\b(is_cuda|is_cuda_alike|is_hip|is_musa|is_npu|is_xpu|get_platform|current_platform"
-                             r"|_platform_supports\w*)\b|\bplatform\.is_\w+")
+# The probes that answer for the machine preflight runs on even while a node is emulated: the device-kind functions
+# (utils.is_cuda and kin: sglang imports its CUDA kernels where they say CUDA, so they keep this machine's answer),
+# the flags modules compute from them at import (``_is_cuda``), and ``platforms.current_platform``, chosen at import.
+# A refusal that comes from one is not sglang's verdict on the GPU node. The architecture probes (``is_sm100``,
+# ``get_platform().is_blackwell`` ...) answer for the node (emulated_node), so a refusal they lead to is its verdict.
+_PLATFORM_PROBE = re.compile(r"\b(?:is_cuda|is_cuda_alike|is_hip|is_musa|is_npu|is_xpu|_platform_supports\w*)\s*\("
+                             r"|\b_is_(?:cuda|cuda_alike|hip|musa|npu|xpu)\b|\bcurrent_platform\b")
+
+
+def guard_line(filename: str, lineno: int, reach: int = 20) -> int:
+    """The first line of the ``if`` / ``elif`` that guards the statement at ``lineno`` (the condition that leads to
+    a ``raise``), or ``lineno`` when the statement is not inside one within ``reach`` lines."""
+    import linecache
+
+    line = linecache.getline(filename, lineno)
+    indent = len(line) - len(line.lstrip())
+    for n in range(lineno - 1, max(0, lineno - reach), -1):
+        text = linecache.getline(filename, n)
+        if not text.strip() or len(text) - len(text.lstrip()) >= indent:
+            continue
+        if text.lstrip().startswith(")"):  # the close of a condition over several lines: its ``if`` is above
+            indent = len(text) - len(text.lstrip()) + 1
+            continue
+        return n if text.lstrip().startswith(("if ", "elif ", "if(")) else lineno
+    return lineno
 
 
 def platform_refusal(exc: BaseException, node: Node, release: str) -> DcpDsparkError | None:
     """The one-line exit-2 error when sglang refused because of this machine's platform, else None.
 
-    Decided by the statement that raised: the innermost sglang frame's source
-    (the whole statement, an ``assert`` over several lines included) names one
-    of sglang's platform probes.
+    Decided by the statement that raised and the condition that leads to it:
+    the innermost sglang frame's source (the whole statement, an ``assert``
+    over several lines included, and the ``if`` that guards a ``raise``) names
+    one of the probes that answer for this machine.
     """
     import linecache
 
@@ -400,15 +420,17 @@ def platform_refusal(exc: BaseException, node: Node, release: str) -> DcpDsparkE
         return None
     last = frames[-1]
     end = getattr(last, "end_lineno", None) or last.lineno
-    statement = " ".join(linecache.getline(last.filename, n).strip() for n in range(last.lineno, end + 1))
+    statement = " ".join(linecache.getline(last.filename, n).strip() for n in range(guard_line(last.filename, last.lineno),
+                                                                                   end + 1))
     probe = _PLATFORM_PROBE.search(statement)
     if probe is None:
         return None
     text = " ".join(str(exc).split()) or type(exc).__name__
     where = f"{last.filename.replace(chr(92), '/').split('/sglang/', 1)[-1]}:{last.lineno}"
+    asked = probe.group(0).rstrip("( ")
     return DcpDsparkError(
         f"sglang {release} refuses this launch for a reason of the machine preflight runs on, not of the emulated "
-        f"{node.gpus} x {node.gpu_name} node: \"{text}\" (sglang/{where} asks {probe.group(0)}, which answers for this CPU "
+        f"{node.gpus} x {node.gpu_name} node: \"{text}\" (sglang/{where} asks {asked}, which answers for this CPU "
         "machine); preflight cannot reach sglang's verdict on CPU; fix: run `sglang-dcp-dspark preflight` on a machine "
         "of the node's platform, or change the option that check is about"
     )
