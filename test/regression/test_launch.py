@@ -16,9 +16,11 @@ GATE_MESSAGE = "HiCache with --dcp-size > 1"
 
 
 def launch(model, *extra: str):
+    # 8 x B200 on cutedsl_mla, PR #35221's validated shape: the probes argument resolution asks, as preflight answers
+    # them. (On an H200 sglang picks fa3, which the plugin refuses under DCP: test/releases/test_node_verdicts.py.)
     argv = ["--model-path", str(model), "--device", "cuda", "--tp", "8", "--dcp-size", "8",
-            "--enable-hierarchical-cache", *extra]
-    with emulated_node(Node()):  # 8 x H200: the probes argument resolution asks, as preflight answers them
+            "--enable-hierarchical-cache", "--attention-backend", "cutedsl_mla", *extra]
+    with emulated_node(Node.of_part("NVIDIA B200")):
         return prepare_server_args(argv)
 
 
