@@ -397,7 +397,8 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
             if other.launch.enable_hierarchical_cache:
                 read_models(release, other.launch, node, paths)
         also = f"; the pass map: {judged.summary()}" if judged.broken else ""
-        # Who refuses: the plugin's own argument check, where stock sglang passes the launch and the plugin is on.
+        # Who refuses: sglang with the plugin's hooks in it, where the plugin is on and its resolution refused
+        # what stock's admitted, or refused it for another reason (the plugin's own checks, or the series' words).
         who = (f"with the dcp_dspark plugin on, sglang {release.version} rejects the launch"
                if state.enabled and (stock.passed or stock.message != fixed.message)
                else f"sglang {release.version} rejects the launch")

@@ -1581,7 +1581,7 @@ def fa3_not_run(algorithm: str, flag, dcp: int, rank: int) -> tuple[Case, dict]:
     draft_class = "DeepseekV3ForCausalLMNextN" if algorithm == "NEXTN" else "DSparkDraftModel"
     backend = "fa3" if algorithm == "NEXTN" else (flag or default_draft_backend())
     case = Case(algorithm, draft_class, kind, "fa3", backend, dcp, rank, draft_backend_flag=flag)
-    msg = {"verdict": "not-run", "detail": "the fa3 MLA target (FlashAttentionBackend) is mapped from 0.5.22 on; "
+    msg = {"verdict": "not-run", "detail": "the fa3 MLA target (FlashAttentionBackend) is mapped from 0.5.17 on; "
            "not driven on this release", "where": f"{FAB}.FlashAttentionBackend"}
     return case, {p: dict(msg, after_hicache={"verdict": "not-run", "detail": msg["detail"]}) for p in PASSES}
 
