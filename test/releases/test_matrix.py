@@ -33,7 +33,7 @@ def since(version: str) -> bool:
 # The node decides the attention backend, and so the verdict under DCP. On an H200 sglang picks fa3 for an MLA
 # model, which the plugin (and upstream-next 0011 / 0008) refuses under DCP, speculative or not: exit 1 on every
 # release. On a B200 it picks trtllm_mla for DeepSeek-V3, whose factory refuses speculative decoding under DCP at
-# startup (the map's probe), so the plugin refuses it at argument time: exit 1. cutedsl_mla, named, is PR #35221's
+# startup (the map's probe): a broken pass, exit 5. cutedsl_mla, named, is PR #35221's
 # validated backend: its passes the map cannot check on CPU, so the launch starts and its verdict says they are
 # unchecked (exit 6).
 HOPPER = ["--gpu-name", "NVIDIA H200"]
@@ -47,8 +47,9 @@ MATRIX = {
     "no draft": (HOPPER + ROWS, DCP8 + FLASHINFER, 0),
     "no draft on the backend the H200 picks": (HOPPER + ROWS, DCP8, 1),
     "DSPARK on the backend the H200 picks": (HOPPER + ROWS, DCP8 + DSPARK, 1),
-    # (upstream-next leaves trtllm_mla to sglang's own refusal at startup, and the plugin stands aside there: 5)
-    "DSPARK on the backend the B200 picks": (BLACKWELL + ROWS, DCP8 + DSPARK, 5 if TREE == "next-patched" else 1),
+    # trtllm_mla's factory refuses it at startup; the plugin and the series leave that to it: a broken pass (0.5.17's
+    # HiCache gate refuses every speculative launch under DCP first, stock; the plugin lifts it)
+    "DSPARK on the backend the B200 picks": (BLACKWELL + ROWS, DCP8 + DSPARK, 5),
     "DSPARK": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL, 6),
     "--hicache-size": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--hicache-size", "100"], 6),
     "--page-size 64": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--page-size", "64"], 6),

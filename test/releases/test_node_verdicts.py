@@ -100,15 +100,12 @@ def test_the_embedded_default_says_what_was_not_checked():
 
 def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
     """sglang picks trtllm_mla for DeepSeek-V3 on a B200, and its factory refuses speculative decoding under DCP when
-    the model runner builds it (the map's probe): never PASSES. The plugin refuses it at argument time; the line
-    names cutedsl_mla, the backend PR #35221 was validated on."""
-    code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=OFF)
-    if report["stock"]["passed"]:
+    the model runner builds it (the map's probe): never PASSES. The plugin and the series leave that refusal to
+    sglang; the line names cutedsl_mla, the backend PR #35221 was validated on."""
+    for env in (OFF, None):
+        code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=env)
+        if env is OFF and not report["stock"]["passed"]:  # 0.5.17's own HiCache gate, stock: refused first
+            assert code == 1 and "does not support speculative decoding" in _line(report), _line(report)
+            continue
         assert code == 5 and "BACKEND_INIT on trtllm_mla (stops at startup)" in _line(report), _line(report)
         assert "--attention-backend cutedsl_mla" in _line(report)
-    else:  # 0.5.17's own HiCache gate refuses every speculative launch under DCP first
-        assert code == 1 and "does not support speculative decoding" in _line(report), _line(report)
-    if TREE in SERIES_TREES:  # the series leaves trtllm_mla to sglang's own startup refusal: the plugin stands aside
-        return
-    code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK)
-    assert code == 1 and "building the trtllm_mla attention backend raises" in _line(report), _line(report)

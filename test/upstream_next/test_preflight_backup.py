@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from sglang_dcp_dspark import preflight
-from sglang_dcp_dspark.launch import Node
 from trees import TREE, load_bench
 
 from .conftest import PLUGIN, series_only
@@ -31,7 +30,7 @@ def reports() -> dict:
     out = {}
     for mode in ("replicated", "sharded"):
         launch = [*preflight.default_launch(), "--hicache-draft-backup", mode]
-        out[mode] = preflight.run(launch, Node(), device_rows=ROWS)
+        out[mode] = preflight.run(launch, preflight.default_node(), device_rows=ROWS)  # the default's own node
     return out
 
 
