@@ -131,3 +131,30 @@ def test_refusal_follows_the_map_in_the_series_words(pass_map):
     assert refuse("DSPARK", own_layer=False, target_backend="fa3", draft_backend=None) is None
     assert passes.refusal("0.5.23", "NEXTN", dcp=1, own_layer=True, mla=True, target_backend="flashinfer",
                           draft_backend=None) is None
+
+
+def test_the_verify_fix_counts_only_its_own_readings_and_names_its_evidence(pass_map):
+    """With the per-draft-token verify in effect, the map's readings of the verify with that fix replace the
+    release's own; the draft's passes still decide, and a draft tree is refused in one line."""
+    data = json.loads(pass_map.read_text())
+    fixed = {"TARGET_VERIFY": {"verdict": "consistent", "detail": "planned per draft token", "where": "w"}}
+    data["verify_fixed"] = [
+        {"release": "0.5.23", "fix": "plugin", "algorithm": algorithm, "draft_class": "X", "draft_backend_flag": None,
+         "dcp": 8, "rank": rank, "passes": fixed} for algorithm, rank in (("EAGLE3", 0), ("NEXTN", 7))]
+    pass_map.write_text(json.dumps(data))
+    refuse = functools.partial(passes.refusal, "0.5.23", dcp=8, mla=True, target_backend="flashinfer",
+                               draft_backend=None)
+    stock = passes.EAGLE_ON.format(dcp=8, algorithm="EAGLE3", backend="flashinfer")
+    assert refuse("EAGLE3", own_layer=False) == stock
+    assert refuse("EAGLE3", own_layer=False, verify_fix="plugin") is None
+    judged = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer", verify_fix="plugin")
+    assert not judged.broken
+    assert "fixed by the plugin's flashinfer MLA hooks" in judged.summary()
+    assert "proven on CPU against a one-rank reference" in judged.summary() and "not yet run on a GPU" in judged.summary()
+    # the target's own NextN layer: its draft decode still reads other rows, in the series' (0013) words
+    assert refuse("NEXTN", own_layer=True, verify_fix="plugin") == passes.NEXTN_DRAFT.format(dcp=8, algorithm="NEXTN")
+    assert refuse("EAGLE3", own_layer=False, verify_fix="plugin", topk=4) == passes.TOPK_TREE.format(dcp=8, topk=4)
+    # a fix the map has no readings of on this release changes nothing, and says nothing
+    assert refuse("EAGLE3", own_layer=False, verify_fix="upstream-next") == stock
+    assert not passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer",
+                            verify_fix="upstream-next").evidence

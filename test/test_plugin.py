@@ -14,6 +14,7 @@ from sglang_dcp_dspark import decisions, patching, plugin
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.commands import status as status_command
 from sglang_dcp_dspark.hooks import _common as hook_common
+from sglang_dcp_dspark.hooks import flashinfer_mla_backend as verify_hooks
 from sglang_dcp_dspark.hooks import hicache_auto_size as auto_size_hooks
 from sglang_dcp_dspark.hooks import hybrid_pool_assembler as assembler_hooks
 from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
@@ -407,19 +408,21 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     assert [h.target for h in hooks.HOOKS] == [
         server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,
         assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP, assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
-        speculative_hooks.SPECULATIVE,
+        speculative_hooks.SPECULATIVE, verify_hooks.PLAN, verify_hooks.CAPTURE, verify_hooks.FORWARD,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
         server_args_hooks.admit_dspark, kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
-        speculative_hook.refuse_broken_passes,
+        speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_per_row, verify_hooks.capture_verify_rows,
+        verify_hooks.verify_with_lse,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
         server_args_hooks.resolver_verdict, kv_cache_hooks.registration_verdict, scheduler_hooks.budget_verdict,
         hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict, hybrid_pool_assembler.guard_verdict,
         hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
-        speculative_hook.passes_verdict,
+        speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
+        verify_hooks.same_verdict,
     ]
     for h in hooks.HOOKS:
         assert h.target.startswith(h.module + ".") and h.does

@@ -100,6 +100,7 @@ class Judgement:
     findings: tuple[PassFinding, ...] = ()
     why_unmapped: str = ""
     note: str = ""  # how the cases were chosen, where the launch left a choice to the GPU node
+    evidence: str = ""  # a fix the judgement counts on (the verify under DCP), and how it was proven
 
     @property
     def broken(self) -> tuple[PassFinding, ...]:
@@ -111,12 +112,14 @@ class Judgement:
         note = f" ({self.note})" if self.note else ""
         if self.broken:
             return "; ".join(f.short() for f in self.broken) + note
+        evidence = f"; {self.evidence}" if self.evidence else ""
         return ("every pass reads the rows it wrote: " + ", ".join(f.name for f in self.findings if f.verdict == CONSISTENT)
-                + note)
+                + note + evidence)
 
     def as_dict(self) -> dict:
         return {"release": self.release, "algorithm": self.algorithm, "dcp": self.dcp, "mapped": self.mapped,
                 "why_unmapped": self.why_unmapped or None, "note": self.note or None, "summary": self.summary(),
+                "evidence": self.evidence or None,
                 "passes": [vars(f) | {"consequence": f.consequence} for f in self.findings]}
 
 
@@ -172,9 +175,36 @@ def broken_kinds(release: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(kinds))
 
 
+# The target verify under DCP on flashinfer MLA, planned per draft token: who carries the fix, and the map's
+# readings with it (``verify_fixed``, generated with ``passmap.py --fix plugin|upstream-next``).
+VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
+VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": "upstream-next 0012"}
+
+
+def verify_evidence(fix: str) -> str:
+    """What a verdict that counts on the verify fix says of it: who carries it and what proves it."""
+    return (f"TARGET_VERIFY on flashinfer MLA fixed by {VERIFY_FIXES[fix]} (one row per draft token over this rank's "
+            "keys), proven on CPU against a one-rank reference (test/numerics/verify_dcp.py), not yet run on a GPU")
+
+
+def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool]:
+    """The cases with their flashinfer MLA verify readings as the map measured them with ``fix`` in effect."""
+    fixed = {(r["algorithm"], r.get("draft_backend_flag"), r["dcp"], r["rank"]): r["passes"]
+             for r in load().get("verify_fixed", []) if r["release"] == release and r["fix"] == fix}
+    out, used = [], False
+    for case in cases:
+        passes = fixed.get((case["algorithm"], case.get("draft_backend_flag"), case["dcp"], case["rank"]))
+        if passes is None or case["target_backend"] != "flashinfer_mla":
+            out.append(case)
+            continue
+        out.append({**case, "passes": {**case["passes"], **passes}})
+        used = True
+    return out, used
+
+
 def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, target_mla: bool = True,
           target_backend: str | None = None, draft_kind: str | None = None, draft_backend: str | None = None,
-          hicache: bool = False, draft_side_only: bool = False) -> Judgement:
+          hicache: bool = False, draft_side_only: bool = False, verify_fix: str | None = None) -> Judgement:
     """The passes of a launch under DCP, from the map.
 
     ``own_layer``: the draft is the target's own NextN layer (NEXTN, or EAGLE
@@ -184,7 +214,9 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     ``draft_backend``: the ``--speculative-draft-attention-backend`` flag,
     None for the release's default. With ``hicache`` the reads after a
     load-back count too. ``draft_side_only``: judge the draft's own passes
-    only, which do not depend on the target's backend.
+    only, which do not depend on the target's backend. ``verify_fix``: who
+    carries the per-draft-token verify on flashinfer MLA in this launch
+    ("plugin", "upstream-next"), None for the release's own verify.
     """
     release = release_key(version)
     name = (algorithm or "").upper()
@@ -209,6 +241,10 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     if not cases:
         kind = "an MLA" if target_mla else "a dense"
         return Judgement(release, name, dcp, False, why_unmapped=f"the map has no {name} case with {kind} target on sglang {release}")
+    evidence = ""
+    if verify_fix is not None:
+        cases, used = _fixed_verify(cases, release, verify_fix)
+        evidence = verify_evidence(verify_fix) if used else ""
     flagged = [c for c in cases if c.get("draft_backend_flag") == draft_backend]
     if not flagged:
         flags = sorted({str(c.get("draft_backend_flag") or "default") for c in cases})
@@ -236,7 +272,8 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     if all(f.verdict == NOT_RUN for f in findings):
         return Judgement(release, name, dcp, False, why_unmapped=f"the map ran no {name} pass on sglang {release} "
                                                                   "(docs/spec-under-dcp.md says why)")
-    return Judgement(release, name, dcp, True, findings, note=note)
+    uses_fix = evidence and not draft_side_only and any(c["target_backend"] == "flashinfer_mla" for c in flagged)
+    return Judgement(release, name, dcp, True, findings, note=note, evidence=evidence if uses_fix else "")
 
 
 def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
@@ -320,9 +357,11 @@ ARCHITECTURE_BACKENDS = {"fa3": range(8, 10), "trtllm_mla": range(10, 13), "cute
 
 
 def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, capability_major: int,
-                     draft_backend: str | None = None, hicache: bool = False) -> tuple[str, ...]:
+                     draft_backend: str | None = None, hicache: bool = False,
+                     verify_fix: str | None = None) -> tuple[str, ...]:
     """The --attention-backend values the map shows running this launch kind correctly under DCP on a node of this
-    architecture: every pass it ran consistent (and checked: a backend the map cannot run is not offered)."""
+    architecture: every pass it ran consistent (and checked: a backend the map cannot run is not offered).
+    ``verify_fix``: who would plan a flashinfer MLA verify per draft token for this launch (see :func:`judge`)."""
     release = release_key(version)
     flags = sorted({flag_of(c["target_backend"]) for c in load()["cases"] if c["release"] == release}
                    | {flag_of(r["target_backend"]) for r in _plain_records(release)})
@@ -332,7 +371,8 @@ def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer
             continue
         if algorithm:
             judged = judge(version, algorithm, dcp=dcp, own_layer=own_layer, target_backend=flag,
-                           draft_backend=draft_backend, hicache=hicache)
+                           draft_backend=draft_backend, hicache=hicache,
+                           verify_fix=verify_fix if flag == "flashinfer" else None)
         else:
             judged = judge_plain(version, dcp=dcp, target_backend=flag)
         if judged.mapped and not judged.broken:
@@ -353,6 +393,15 @@ FA3_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA 
 DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: under DCP the target's verify plans KV "
              "ids past this rank's pool, so it reads other tokens' KV. Use --dcp-size 1 for speculative decoding on "
              "{backend} MLA.")
+
+
+# The series' words (patches/upstream-next 0013) where flashinfer MLA's verify is planned per draft token.
+NEXTN_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and the target's own NextN layer as draft is "
+               "not supported on flashinfer MLA: under DCP the draft's decode and extend passes read untranslated rows, "
+               "other tokens' KV. Use --dcp-size 1 for NEXTN, or an external draft (--speculative-draft-model-path).")
+TOPK_TREE = ("--dcp-size {dcp} with --speculative-eagle-topk {topk} is not supported on flashinfer MLA: under DCP the "
+             "verify is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
+             "--speculative-eagle-topk 1.")
 
 
 # The series' words (patches/upstream-next 0011) for a plain launch on fa3 MLA under DCP.
@@ -377,7 +426,8 @@ def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | No
 
 
 def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
-            target_backend: str | None, draft_backend: str | None) -> str | None:
+            target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
+            topk: int = 1) -> str | None:
     """The one line the argument check refuses a launch with, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
@@ -397,7 +447,14 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {draft_side[0].line()}."
     if target_backend is None:
         return None
-    judged = judge(version, name, target_backend=target_backend, **{**common, "draft_backend": None})
+    if verify_fix is not None and target_backend == "flashinfer" and mla and name in EAGLE_FAMILY:
+        # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows), then a tree.
+        if own_layer:
+            return NEXTN_DRAFT.format(dcp=dcp, algorithm=name)
+        if topk > 1:
+            return TOPK_TREE.format(dcp=dcp, topk=topk)
+    judged = judge(version, name, target_backend=target_backend, verify_fix=verify_fix,
+                   **{**common, "draft_backend": None})
     if not judged.broken:
         return None
     if judged.broken[0].name == BACKEND_INIT:

@@ -38,12 +38,14 @@ import math
 import os
 from pathlib import Path
 
+from . import hooks as hooks_mod
 from . import hostram, patching, rules, swap
 from . import launch as launch_mod
 from . import models as models_mod
 from . import passes as passes_mod
 from . import verdict as verdict_mod
 from .errors import DcpDsparkError
+from .hooks._common import version_at_least
 from .launch import FIX_PREFLIGHT, GIB, Node, Resolution
 from .models import kv_fields
 
@@ -385,7 +387,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         "sglang_warnings": as_run.warnings,
     }
     resolved = as_run.launch or fixed.launch or stock.launch
-    judged = judge_passes(release, argv, configs, resolved)
+    judged = judge_passes(release, argv, configs, resolved, plugin_on=state.enabled)
     report["attention_backends"] = _backends(resolved, argv, node)
     report["passes"] = judged.as_dict()
     if not as_run.passed:
@@ -417,11 +419,11 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         report["verdict"] = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
     elif judged.broken:
         report["verdict"] = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
-                                                  f"{judged.summary()}{_instead(release, la, judged, node)}")
+                                                  f"{judged.summary()}{_instead(release, la, judged, node, plugin_on=state.enabled)}")
     elif la.dcp_size > 1 and not judged.mapped:
         unchecked = f"under DCP its passes are unchecked ({judged.why_unmapped})"
         report["verdict"] = verdict_of(UNCHECKED, verdict_mod.passes_detail(report, unchecked)
-                                       + _instead(release, la, judged, node))
+                                       + _instead(release, la, judged, node, plugin_on=state.enabled))
     else:
         report["verdict"] = verdict_of(PASSES, verdict_mod.passes_detail(report))
     return report
@@ -438,28 +440,47 @@ def _backends(la, argv: list[str], node: Node) -> dict:
             "draft": la.speculative_draft_attention_backend if la is not None else None}
 
 
-def _instead(release, la, judged, node: Node) -> str:
-    """The flag that works on this node instead, as far as the map shows one."""
+def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str:
+    """The flag that works on this node instead, as far as the map shows one (with the verify fix where the launch
+    would run it: ``plugin_on``, or a tree that carries it)."""
     if la is None or la.dcp_size <= 1:
         return ""
     algorithm = la.speculative_algorithm
+    fix = _verify_fix(plugin_on) if algorithm else None
     good = passes_mod.working_backends(
         release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
-        capability_major=node.capability[0], hicache=la.enable_hierarchical_cache)
+        capability_major=node.capability[0], hicache=la.enable_hierarchical_cache, verify_fix=fix)
     current = la.attention_backends[1]
     good = tuple(b for b in good if b != current)
     if good:
-        return f"; on this node use --attention-backend {good[0]} (the map shows every pass consistent there)"
+        evidence = f"; {passes_mod.verify_evidence(fix)}" if fix and good[0] == "flashinfer" else ""
+        return f"; on this node use --attention-backend {good[0]} (the map shows every pass consistent there{evidence})"
     kind = f"--speculative-algorithm {algorithm}" if algorithm else "a plain launch"
     line = f"; of the backends the map checked, none runs {kind} under DCP correctly on the {node.gpu_name}"
     if algorithm and current != "cutedsl_mla" and node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"]:
         # PR #35221 was validated on Blackwell's cutedsl_mla, whose DCP reads the map cannot run on CPU.
-        return line + ("; --attention-backend cutedsl_mla is the backend PR #35221 was validated on (its passes "
-                       "unchecked here)")
-    return line + ("; use --dcp-size 1 for speculative decoding" if algorithm and judged.broken else "")
+        line += "; --attention-backend cutedsl_mla is the backend PR #35221 was validated on (its passes unchecked here)"
+    elif algorithm and judged.broken:
+        line += "; use --dcp-size 1 for speculative decoding"
+    if not algorithm:
+        return line
+    if not plugin_on and _verify_fix(True) == "plugin":
+        # The plugin is off, and its verify hooks apply to this release: say what it would run.
+        with_plugin = passes_mod.working_backends(
+            release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
+            capability_major=node.capability[0], hicache=la.enable_hierarchical_cache, verify_fix="plugin")
+        if with_plugin:
+            line += (f"; with the plugin on (it is off), --attention-backend {with_plugin[0]} runs it: "
+                     f"{passes_mod.verify_evidence('plugin')}")
+    elif ((current == "flashinfer" or node.capability[0] not in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"])
+          and _verify_fix(True) is None and not version_at_least(release.version, hooks_mod.VERIFY_FIX_SINCE)):
+        # On flashinfer, or on a node without Blackwell's cutedsl_mla: the fix is what would run it, on a later release.
+        line += (f"; the flashinfer MLA verify fix, which runs DSPARK and external EAGLE drafts there, is carried from "
+                 f"sglang {hooks_mod.VERIFY_FIX_SINCE} (the plugin; patches/upstream-next on 0.5.23)")
+    return line
 
 
-def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod.Judgement:
+def judge_passes(release, argv: list[str], configs: dict, la=None, *, plugin_on: bool = False) -> passes_mod.Judgement:
     """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
     a plain launch's EXTEND and DECODE.
 
@@ -468,7 +489,10 @@ def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod
     the architecture and model, model hooks included) unless the launch names
     one. From the raw arguments where every resolution refused it, so a
     rejection still names the pass that would break; a launch that names no
-    backend is then judged on every target backend the map ran.
+    backend is then judged on every target backend the map ran. A flashinfer
+    MLA target's verify is judged as the launch runs it: planned per draft
+    token where the tree carries upstream-next 0012 or the plugin is on and
+    its hooks apply to this release.
     """
     option = functools.partial(launch_mod.option, argv)
     algorithm = la.speculative_algorithm if la is not None else option("--speculative-algorithm")
@@ -486,10 +510,20 @@ def judge_passes(release, argv: list[str], configs: dict, la=None) -> passes_mod
                                         why_unmapped="the map's targets are MLA models; a dense target under DCP is "
                                                      "not mapped")
         return passes_mod.judge_plain(release.version, dcp=dcp, target_backend=backend)
+    verify_fix = _verify_fix(plugin_on) if backend == "flashinfer" and mla and dcp > 1 else None
     return passes_mod.judge(
         release.version, algorithm, dcp=dcp, own_layer=draft in (None, target), target_mla=mla,
         target_backend=backend, draft_backend=option("--speculative-draft-attention-backend"), hicache=hicache,
+        verify_fix=verify_fix,
     )
+
+
+def _verify_fix(plugin_on: bool) -> str | None:
+    """Who plans a flashinfer MLA verify per draft token on this tree: its code (upstream-next 0012) or, with the
+    plugin on, the plugin's hooks where they apply to the release; None: the release's own verify."""
+    from .hooks.flashinfer_mla_backend import verify_fix_in_effect
+
+    return verify_fix_in_effect(plugin_on=plugin_on)
 
 
 def _applied_series() -> list[str]:

@@ -51,7 +51,8 @@ def checked_clause(judged: dict) -> str:
         return "no DCP, so no pass reads another rank's layout"
     names = ", ".join(p["name"] for p in judged.get("passes", []) if p["verdict"] == "consistent")
     backends = ", ".join(sorted({p["backend"] for p in judged.get("passes", []) if p["verdict"] == "consistent"}))
-    return f"under DCP the pass map checked {names} on {backends}: each reads the rows it wrote"
+    evidence = f" ({judged['evidence']})" if judged.get("evidence") else ""
+    return f"under DCP the pass map checked {names} on {backends}: each reads the rows it wrote{evidence}"
 
 
 def passes_detail(report: dict, unchecked: str | None = None) -> str:

@@ -8,8 +8,10 @@ answers from. What is checked:
   judged on the backend sglang picks there, fa3, which has no DCP code: never
   PASSES, and the line names fa3 and the flag that works (flashinfer);
 - the same launch on flashinfer PASSES, and its line says what was checked;
-- DSPARK + HiCache at dcp 8 with ``--attention-backend flashinfer`` gets the same
-  verdict on every release (the verify reads other tokens' KV on all of them);
+- DSPARK + HiCache at dcp 8 with ``--attention-backend flashinfer``: where 0.5.23's
+  verify is planned per draft token (the series' 0012, the plugin's hooks) it
+  PASSES and names that fix and its evidence; everywhere else the verify reads
+  other tokens' KV;
 - a Blackwell-only backend on an emulated B200 gets sglang's verdict, not "only
   supported on Blackwell", and the embedded default (a B200 node, cutedsl_mla)
   says its passes are unchecked rather than PASSES.
@@ -29,7 +31,8 @@ OFF = {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}
 PLAIN = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8"]
 DSPARK = [*PLAIN, "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
           "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
-SERIES_TREES = ("next-patched",)  # the tree whose own sglang carries 0011's refusal
+SERIES_TREES = ("next-patched",)  # the tree whose own sglang carries 0011's refusal and 0012's verify
+FIXED_TREES = ("release-0.5.22", "next-stock", "next-patched", "next-plugin")  # the verify fix applies (hooks, series)
 
 
 def _line(report: dict) -> str:
@@ -62,20 +65,27 @@ def test_plain_dcp_on_flashinfer_passes_and_says_what_was_checked():
     assert "the pass map checked EXTEND, DECODE_EAGER, DECODE_GRAPH on flashinfer" in _line(report)
 
 
-def test_dspark_on_flashinfer_gets_the_same_verdict_on_every_release():
-    """Without the plugin: a broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache +
-    DCP: its gate, exit 1); with it: refused, naming the verify."""
+def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
+    """The verify under DCP on flashinfer MLA is planned per draft token where 0.5.23's code is patched (the series'
+    0012) or 0.5.22's and 0.5.23's hooked (the plugin): there PASSES, naming the fix and its evidence. Elsewhere, without the plugin, a
+    broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache + DCP: its gate, exit 1);
+    with the plugin, refused, naming the verify."""
+    evidence = "proven on CPU against a one-rank reference (test/numerics/verify_dcp.py), not yet run on a GPU"
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer", env=OFF)
     if TREE in SERIES_TREES:
-        assert code == 1 and "verify plans KV" in _line(report), _line(report)
+        assert code == 0 and "fixed by upstream-next 0012" in _line(report) and evidence in _line(report), _line(report)
     elif report["stock"]["passed"]:
         assert code == 5 and "TARGET_VERIFY_EAGER on flashinfer" in _line(report), _line(report)
     else:
         assert code == 1 and "TARGET_VERIFY_EAGER on flashinfer" in _line(report), _line(report)
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer")
-    assert code == 1 and "verify plans KV ids past this rank's pool" in _line(report), _line(report)
+    if TREE in FIXED_TREES:
+        fix = "upstream-next 0012" if TREE in SERIES_TREES else "the plugin's flashinfer MLA hooks"
+        assert code == 0 and f"fixed by {fix}" in _line(report) and evidence in _line(report), _line(report)
+    else:
+        assert code == 1 and "verify plans KV ids past this rank's pool" in _line(report), _line(report)
 
 
 def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict():
@@ -101,11 +111,16 @@ def test_the_embedded_default_says_what_was_not_checked():
 def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
     """sglang picks trtllm_mla for DeepSeek-V3 on a B200, and its factory refuses speculative decoding under DCP when
     the model runner builds it (the map's probe): never PASSES. The plugin and the series leave that refusal to
-    sglang; the line names cutedsl_mla, the backend PR #35221 was validated on."""
+    sglang; the line names cutedsl_mla, the backend PR #35221 was validated on, or flashinfer where its verify is
+    planned per draft token (the plugin's hooks on 0.5.22 and 0.5.23, the series on 0.5.23)."""
     for env in (OFF, None):
         code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=env)
         if env is OFF and not report["stock"]["passed"]:  # 0.5.17's own HiCache gate, stock: refused first
             assert code == 1 and "does not support speculative decoding" in _line(report), _line(report)
             continue
         assert code == 5 and "BACKEND_INIT on trtllm_mla (stops at startup)" in _line(report), _line(report)
-        assert "--attention-backend cutedsl_mla" in _line(report)
+        if TREE in FIXED_TREES and (env is None or TREE in SERIES_TREES):
+            # with the verify planned per draft token, flashinfer MLA runs it on this node too
+            assert "use --attention-backend flashinfer" in _line(report) and "not yet run on a GPU" in _line(report)
+        else:
+            assert "--attention-backend cutedsl_mla" in _line(report), _line(report)

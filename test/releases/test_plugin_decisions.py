@@ -76,6 +76,9 @@ def test_what_each_hook_needs_on_this_release(verdicts):
                      "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"}
         if since("0.5.23"):
             want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
+        if since(hooks.VERIFY_FIX_SINCE):
+            # The verify under DCP planned per draft token: the flashinfer MLA verify of 0.5.22 and 0.5.23.
+            want |= {h.target for h in hooks.HOOKS if h.module == hooks.FLASHINFER_MLA}
         if passes.measured(RELEASE) and passes.broken_kinds(RELEASE):
             # The speculative check, where the pass map shows a launch kind reading other rows under DCP.
             want.add("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding")

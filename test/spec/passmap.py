@@ -1172,19 +1172,34 @@ def _verify_batch(req, spec, *, seq_len=None, out_cache_loc=None):
               positions=torch.arange(n, n + DRAFT_TOKENS), out_cache_loc=out_cache_loc)
 
 
+def judge_verify(pool, wrapper, req, dcp, rank, striped) -> dict:
+    """The verify's reads: one lane for the request (stock: every draft token reads the request's whole run), or,
+    under DCP with the verify planned per draft token (upstream-next 0012, the plugin's flashinfer MLA hooks), one
+    lane per draft token, lane j reading this rank's share of positions 0 .. S + j."""
+    S, n = req.S, DRAFT_TOKENS
+    lanes = 0 if wrapper.kv_indptr is None else len(wrapper.kv_indptr) - 1
+    if dcp == 1 or lanes != n:
+        return judge("mla", pool, wrapper.kernel_ids(), owned(req.locs(S + n), striped, dcp, rank))
+    verdicts = [judge("mla", pool, wrapper.kernel_ids(j), owned(req.locs(S + j + 1), striped, dcp, rank))
+                for j in range(n)]
+    wrong = next((v for v in verdicts if v["verdict"] != "consistent"), None)
+    if wrong is not None:
+        return {"verdict": wrong["verdict"], "detail": f"planned per draft token: {wrong['detail']}"}
+    return {"verdict": "consistent", "detail": f"planned per draft token: {n} lanes, lane j reading this rank's "
+                                               f"tokens up to position S + j; {verdicts[-1]['detail']}"}
+
+
 def pass_target_verify(pool, req, dcp, rank, striped, *, algorithm: str, tr_t) -> dict:
     """TARGET_VERIFY eager: ``init_forward_metadata`` -> ``spec_info.generate_attn_arg_prefill``; the verify batch's plan
     is the worker's window plan (``verify_input.kv_loc_plan``), bound with the target's translator."""
     be, _ = fi_mla_backend(pool, req, draft=False, tr=tr_t)
-    S, n = req.S, DRAFT_TOKENS
     spec = verify_input(algorithm)
     b = _verify_batch(req, spec)
     plan, where = _verify_plan(algorithm, req, tr_t)
     spec.kv_loc_plan = plan
     bind_plan(plan, b, tr_t)
     be.init_forward_metadata(b)
-    return with_plan(judge("mla", pool, be.prefill_wrapper_verify.kernel_ids(), owned(req.locs(S + n), striped, dcp,
-                                                                                         rank)), where)
+    return with_plan(judge_verify(pool, be.prefill_wrapper_verify, req, dcp, rank, striped), where)
 
 
 def pass_target_verify_graph(pool, req, dcp, rank, striped, *, algorithm: str, tr_t) -> dict:
@@ -1195,7 +1210,7 @@ def pass_target_verify_graph(pool, req, dcp, rank, striped, *, algorithm: str, t
     import torch
 
     be, _ = fi_mla_backend(pool, req, draft=False, tr=tr_t)
-    S, n = req.S, DRAFT_TOKENS
+    n = DRAFT_TOKENS
     be.init_cuda_graph_state(1, n)
     cap_spec = verify_input(algorithm)
     cap = _verify_batch(req, cap_spec, seq_len=1, out_cache_loc=torch.zeros(n, dtype=torch.int64))
@@ -1209,8 +1224,7 @@ def pass_target_verify_graph(pool, req, dcp, rank, striped, *, algorithm: str, t
     be.init_forward_metadata_out_graph(live, in_capture=False)
     wrapper = be.prefill_cuda_graph_metadata[be._verify_graph_key(1, spec)] if hasattr(be, "_verify_graph_key") \
         else be.prefill_cuda_graph_metadata[1]
-    return with_plan(judge("mla", pool, wrapper.kernel_ids(), owned(req.locs(S + n), striped, dcp, rank)),
-                     f"{cap_where}; replay: {where}")
+    return with_plan(judge_verify(pool, wrapper, req, dcp, rank, striped), f"{cap_where}; replay: {where}")
 
 W_EXTEND = f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata -> FlashInferMLAIndicesUpdaterPrefill.call_begin_forward"
 W = {
@@ -2219,7 +2233,78 @@ def merge(old: dict | None, records: list[dict], probe_records: list[dict], rel:
     kept_plain = [r for r in (old or {}).get("plain", []) if r["release"] != rel]
     return {"generated_by": GENERATED_BY, "passes": list(PASSES), "plain_passes": list(plain.PLAIN_PASSES),
             "cases": sorted(kept + records, key=sort_key), "probes": sorted(kept_probes + probe_records, key=probe_key),
-            "plain": sorted(kept_plain + list(plain_records), key=plain.sort_key)}
+            "plain": sorted(kept_plain + list(plain_records), key=plain.sort_key),
+            "verify_fixed": (old or {}).get("verify_fixed", [])}
+
+
+# ---------------------------------------------------------------- the verify with the fix (upstream-next 0012)
+
+# Who carries the per-draft-token verify on flashinfer MLA: the plugin's hooks on stock sglang, or the series.
+FIXES = ("plugin", "upstream-next")
+VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
+PLAN_HOOK = f"{FMB}.FlashInferMLAIndicesUpdaterPrefill.call_begin_forward"
+
+
+@contextlib.contextmanager
+def verify_fix(name: str) -> Iterator[None]:
+    """The fix in effect: the plugin's flashinfer MLA hooks, applied through its hook table as the plugin applies
+    them (and only where they judge this release's code needs them), or the series' own code on this tree."""
+    import importlib
+
+    if name == "plugin":
+        from sglang_dcp_dspark import hooks
+
+        with hooks.in_effect(FMB) as findings:
+            found = findings.get(PLAN_HOOK)
+            if found is None or found.verdict.name != "NEEDS_FIX":
+                raise SystemExit(f"error: the plugin's verify hooks do not apply to sglang {release()} "
+                                 f"({found.detail if found else 'no flashinfer MLA backend'}); fix: run --fix plugin on "
+                                 "a stock 0.5.22 or 0.5.23 tree (PYTHONPATH=build/trees/sglang-0.5.23)")
+            yield
+    elif name == "upstream-next":
+        if not hasattr(importlib.import_module(FMB), "plan_dcp_verify_rows"):
+            raise SystemExit("error: this tree does not carry upstream-next 0012; fix: "
+                             "PYTHONPATH=build/trees/sglang-0.5.23-next (make next-trees)")
+        yield
+    else:
+        raise SystemExit(f"error: --fix {name}: expected one of {', '.join(FIXES)}")
+
+
+def fixed_records(fix: str) -> list[dict]:
+    """The flashinfer MLA cases' verify readings with ``fix`` in effect (every other pass is untouched by it)."""
+    with verify_fix(fix):
+        records = measure(dcp_sizes=tuple(n for n in DCP_SIZES if n > 1),
+                          only=[c for c in cases() if c[2] == "flashinfer_mla"])
+    # Only under DCP (measured above): at dcp 1 nothing is planned per draft token, and the judge reads dcp > 1 alone.
+    return [{"release": r["release"], "fix": fix, "algorithm": r["algorithm"], "draft_class": r["draft_class"],
+             "draft_backend_flag": r["draft_backend_flag"], "dcp": r["dcp"], "rank": r["rank"],
+             "passes": {p: r["passes"][p] for p in VERIFY_PASSES}} for r in records if r["dcp"] > 1]
+
+
+def fixed_key(r: dict) -> tuple:
+    return (tuple(int(x) for x in r["release"].split(".")[:3]), r["fix"], r["algorithm"],
+            r.get("draft_backend_flag") or "", r["dcp"], r["rank"])
+
+
+def fixed_markdown(records: list[dict]) -> list[str]:
+    """The verify with the fix, per launch kind: worst over the ranks and dcp sizes run."""
+    out = ["### The verify planned per draft token (upstream-next 0012, the plugin's flashinfer MLA hooks)", "",
+           "TARGET_VERIFY on flashinfer MLA with the fix in effect (worst over dcp 2, 4, 8, first and last rank; "
+           f"`{GENERATED_FIX}`). The numbers behind it: docs/verify-under-dcp.md.", "",
+           "| sglang | fix | algorithm | draft-backend flag | " + " | ".join(VERIFY_PASSES) + " |",
+           "|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in records:
+        if r["dcp"] > 1:
+            groups.setdefault((r["release"], r["fix"], r["algorithm"], r.get("draft_backend_flag")), []).append(r)
+    for (rel, fix, algorithm, flag), rows in groups.items():
+        out.append(f"| {rel} | {fix} | {algorithm} | {flag or 'default'} | "
+                   + " | ".join(worst_cell([r["passes"][p] for r in rows]) for p in VERIFY_PASSES) + " |")
+    return out + [""]
+
+
+GENERATED_FIX = ("python test/spec/passmap.py --fix plugin --write (stock 0.5.22 and 0.5.23), --fix upstream-next "
+                 "--write (0.5.23 + upstream-next)")
 
 
 def probe_key(r: dict) -> tuple:
@@ -2292,6 +2377,8 @@ def markdown(data: dict) -> str:
                 out.append(f"  - {p}: **{q['verdict']}**: {q['detail']} (after HiCache: "
                            f"{q['after_hicache']['verdict']}: {q['after_hicache']['detail']}). Where: `{q['where']}`")
         out.append("")
+    if data.get("verify_fixed"):
+        out += fixed_markdown(sorted(data["verify_fixed"], key=fixed_key))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -2410,6 +2497,27 @@ def control(name: str) -> Iterator[None]:
 
 def main(argv: list[str]) -> int:
     prepare()
+    if "--fix" in argv:  # the verify with the fix in effect: written under "verify_fixed", or checked against it
+        fix = argv[argv.index("--fix") + 1]
+        records, rel = fixed_records(fix), release()
+        data = load() or {}
+        kept = [r for r in data.get("verify_fixed", []) if (r["release"], r["fix"]) != (rel, fix)]
+        committed = sorted([r for r in data.get("verify_fixed", []) if (r["release"], r["fix"]) == (rel, fix)],
+                           key=fixed_key)
+        if "--json" in argv:
+            print(json.dumps({"release": rel, "fix": fix, "verify_fixed": records, "matches": committed == sorted(
+                records, key=fixed_key)}))
+            return 0
+        if "--check" in argv:
+            ok = committed == sorted(records, key=fixed_key)
+            print(f"sglang {rel} with {fix}: {'matches' if ok else 'DIFFERS FROM'} {DATA.relative_to(REPO)}")
+            return 0 if ok else 1
+        data["verify_fixed"] = sorted(kept + records, key=fixed_key)
+        if "--write" in argv:
+            DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            write_doc(data)
+        print("\n".join(fixed_markdown(data["verify_fixed"])))
+        return 0
     if "--control" in argv:  # negative controls (comma-separated) on NEXTN at dcp 2 and 8: {name: records}
         out, plain_out = {}, {}
         for name in argv[argv.index("--control") + 1].split(","):

@@ -76,6 +76,16 @@ def test_schema() -> None:
     for probe in data["probes"]:
         assert set(probe) == {"release", "probe", "verdict", "detail", "where"}
         assert probe["verdict"] in verdicts and probe["detail"] and probe["where"]
+    # the verify with the fix (passmap.py --fix): flashinfer MLA's TARGET_VERIFY passes, under DCP only, on the
+    # releases and carriers the fix is written for
+    assert {(r["release"], r["fix"]) for r in data["verify_fixed"]} == {
+        ("0.5.22", "plugin"), ("0.5.23", "plugin"), ("0.5.23", "upstream-next")}
+    for record in data["verify_fixed"]:
+        assert set(record) == {"release", "fix", "algorithm", "draft_class", "draft_backend_flag", "dcp", "rank",
+                               "passes"}
+        assert record["dcp"] > 1 and list(record["passes"]) == ["TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER"]
+        for p in record["passes"].values():
+            assert p["verdict"] in verdicts and p["after_hicache"]["verdict"] in verdicts and p["detail"] and p["where"]
 
 
 @on_a_mapped_tree

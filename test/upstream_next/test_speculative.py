@@ -2,7 +2,9 @@
 
 preflight names the passes the map shows reading other rows on every tree,
 and never says PASSES for them; with the fix (the series or the plugin) the
-broken pairs the map ran are refused at argument time in the series' words.
+broken pairs the map ran are refused at argument time in the series' words,
+and the verify on flashinfer MLA is planned per draft token (0012-0013), so
+DSPARK and external EAGLE drafts there PASS, naming that fix and its evidence.
 The plan check (0009, hardening: nothing admits a packed or an EAGLE draft
 under DCP + HiCache now) is tested on sglang's own pools with the plugin's
 words (:func:`hooks.hybrid_pool_assembler.check_draft_pools`), and the
@@ -61,13 +63,17 @@ def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
     """preflight -- --model-path <DeepSeek-V3> --tp 8 --dcp-size 8 [--enable-hierarchical-cache] --speculative-algorithm NEXTN.
 
     On flashinfer MLA (named: on the emulated H200 sglang would pick fa3): stock 0.5.23 admits it without HiCache
-    (BROKEN PASS, exit 5); the HiCache gate refuses it (exit 1), and so do the series and the plugin (0008). Either
-    way the line names the passes the map shows reading other rows.
+    (BROKEN PASS, exit 5); the HiCache gate refuses it (exit 1), and so do the series and the plugin (0008, 0013).
+    Either way the line names the passes the map shows reading other rows: the verify too on stock; with the fix
+    (0012, the plugin's hooks) the verify is planned per draft token and the draft's own passes remain.
     """
     code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN", *FLASHINFER)
     line = report["verdict"]["line"]
     assert code == (5 if TREE == "next-stock" and not hicache else 1), line
-    assert re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
+    if TREE == "next-stock":
+        assert re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
+    else:
+        assert not re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
     assert "DRAFT_DECODE_GRAPH on flashinfer" in line and "\n" not in line
 
 
@@ -87,8 +93,8 @@ def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
     if TREE == "next-stock":
         assert code == 5 and report["stock"]["passed"]
         return
-    assert code == 1
-    assert report["message"] == f"ValueError: {passes.EAGLE_ON.format(dcp=8, algorithm='EAGLE', backend='flashinfer')}"
+    assert code == 1  # its verify is planned per draft token now (0012), its own draft passes are not (0013's words)
+    assert report["message"] == f"ValueError: {passes.NEXTN_DRAFT.format(dcp=8, algorithm='EAGLE')}"
 
 
 def test_the_plugins_off_switch_turns_the_refusal_off():
@@ -114,14 +120,21 @@ def test_the_plugins_off_switch_turns_the_refusal_off():
 def test_dspark_with_the_default_draft_backend_reads_its_own_rows_in_the_drafts_passes(hicache):
     """The dense DSparkDraftModel on the default draft backend: every draft pass consistent, with and without HiCache.
 
-    Its verify is the target's, and on flashinfer MLA the map shows it reading
-    other rows: stock 0.5.23 admits it (BROKEN PASS), the series and the plugin refuse it (0008).
+    Its verify is the target's. On stock flashinfer MLA the map shows it reading other rows: stock 0.5.23 admits it
+    (BROKEN PASS). The series (0012) and the plugin's hooks plan it per draft token: it PASSES, and the line names
+    that fix and its evidence.
     """
     code, report = preflight(*DCP8[:-1], *hicache, *DSPARK, *FLASHINFER)
     found = {p["name"]: p for p in report["passes"]["passes"]}
+    line = report["verdict"]["line"]
     assert found["DRAFT_EXTEND"]["verdict"] == "consistent", found["DRAFT_EXTEND"]
-    assert {p["verdict"] for name, p in found.items() if name.startswith("TARGET_VERIFY")} == {"wrong-rows"}
-    assert code == (5 if TREE == "next-stock" else 1) and "TARGET_VERIFY" in report["verdict"]["line"]
+    verify = {p["verdict"] for name, p in found.items() if name.startswith("TARGET_VERIFY")}
+    if TREE == "next-stock":
+        assert verify == {"wrong-rows"} and code == 5 and "TARGET_VERIFY" in line, line
+    else:
+        fix = "upstream-next 0012" if TREE == "next-patched" else "the plugin's flashinfer MLA hooks"
+        assert verify == {"consistent"} and code == 0, line
+        assert f"fixed by {fix}" in line and "not yet run on a GPU" in line, line
 
 
 def test_dspark_with_a_triton_draft_backend_is_refused_and_its_rows_named():

@@ -5,7 +5,9 @@ vllm-ascend's layout. For sglang 0.5.17: ``server_args`` (the resolver),
 ``scheduler`` (the host-memory budget). For the draft sidecar of 0.5.19 and
 later: ``hybrid_pool_assembler`` (the budget and the guard) and
 ``hicache_auto_size`` (the auto-size estimate). For speculative decoding
-under DCP: ``speculative_hook`` (the argument check the pass map drives).
+under DCP: ``speculative_hook`` (the argument check the pass map drives) and,
+on 0.5.22 and 0.5.23, ``flashinfer_mla_backend`` (the target verify planned
+per draft token, which the check then counts on).
 Every entry is judged on the
 code it would patch, so a release gets only the hooks its code needs, and
 the carriers are imported only when their sglang module is.
@@ -100,10 +102,14 @@ class Hook:
 # first that carries PR #35221 upstream. Release literals live here and in releases/ only.
 WRITTEN_FOR = "0.5.17"
 FIXED_UPSTREAM_IN = "0.5.18"
+# The first release whose flashinfer MLA verify the plugin's per-draft-token hooks apply to (its code has 0.5.23's
+# shape from 0.5.22 on; upstream-next 0012 is written against 0.5.23).
+VERIFY_FIX_SINCE = "0.5.22"
 
 ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
 SPECULATIVE_MODULE = "sglang.srt.arg_groups.speculative_hook"
+FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
 
 HOOKS: tuple[Hook, ...] = (
     # sglang 0.5.17: the gate, the draft registration and the scheduler's budget.
@@ -193,6 +199,36 @@ HOOKS: tuple[Hook, ...] = (
         does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
         series_patch="upstream-next/0008",
         installed_name="declare_check",
+    ),
+    # sglang 0.5.22 and 0.5.23: the target verify under DCP on flashinfer MLA, planned per draft token (what 0012
+    # changes).
+    Hook(
+        module=FLASHINFER_MLA,
+        target=f"{FLASHINFER_MLA}.FlashInferMLAIndicesUpdaterPrefill.call_begin_forward",
+        carrier="flashinfer_mla_backend",
+        judge_name="verify_verdict",
+        hook_name="plan_verify_per_row",
+        does="plans a verify under DCP with one row per draft token over this rank's keys up to its position, "
+             "heads x dcp, no causal mask",
+        series_patch="upstream-next/0012",
+    ),
+    Hook(
+        module=FLASHINFER_MLA,
+        target=f"{FLASHINFER_MLA}.FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
+        carrier="flashinfer_mla_backend",
+        judge_name="same_verdict",
+        hook_name="capture_verify_rows",
+        does="captures a verify graph under DCP on a wrapper bound to one row per draft token",
+        series_patch="upstream-next/0012",
+    ),
+    Hook(
+        module=FLASHINFER_MLA,
+        target=f"{FLASHINFER_MLA}.FlashInferMLAAttnBackend.forward_extend",
+        carrier="flashinfer_mla_backend",
+        judge_name="same_verdict",
+        hook_name="verify_with_lse",
+        does="returns a verify's (out, lse) under DCP, the neutral partial for a row this rank holds no key of",
+        series_patch="upstream-next/0012",
     ),
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}

@@ -19,6 +19,13 @@ turns it off with the rest of the plugin.
 
 The judge reads the map, not the version: a release the map does not cover
 is left alone, and so is one whose mapped passes are all consistent.
+
+Where the target verify on flashinfer MLA is planned per draft token (the
+plugin's :mod:`.flashinfer_mla_backend` hooks apply to the release, or its
+code carries upstream-next 0012), the verify is judged on the map's readings
+with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
+drafts are admitted there, as 0013 admits them; the target's own NextN layer
+as draft and a draft tree (topk > 1) are refused in 0013's words.
 """
 
 from __future__ import annotations
@@ -120,14 +127,25 @@ def check_passes_under_dcp(server_args) -> None:
             raise ValueError(line)
         return
     draft_path = getattr(view, "speculative_draft_model_path", None)
+    target_backend, mla = _decode_backend(server_args), _uses_mla(server_args)
     line = passes.refusal(
         _installed_version() or "", str(algorithm), dcp=dcp,
-        own_layer=draft_path in (None, getattr(view, "model_path", None)), mla=_uses_mla(server_args),
-        target_backend=_decode_backend(server_args),
+        own_layer=draft_path in (None, getattr(view, "model_path", None)), mla=mla, target_backend=target_backend,
         draft_backend=getattr(view, "speculative_draft_attention_backend", None),
+        verify_fix=_verify_fix(target_backend, mla), topk=int(getattr(view, "speculative_eagle_topk", None) or 1),
     )
     if line is not None:
         raise ValueError(line)
+
+
+def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
+    """The per-draft-token verify on flashinfer MLA, where the plugin's hooks (this check is the plugin's) or the
+    release's code carry it; only a flashinfer MLA target asks."""
+    if target_backend != "flashinfer" or not mla:
+        return None
+    from .flashinfer_mla_backend import verify_fix_in_effect
+
+    return verify_fix_in_effect(plugin_on=True)
 
 
 def declare_check() -> None:

@@ -1,0 +1,139 @@
+"""What flashinfer's ``BatchMLAPagedAttentionWrapper`` computes from its plan, on CPU, in plain torch.
+
+Written from flashinfer's documented contract for the MLA wrapper (``plan`` then
+``run``), not from its kernels:
+
+- ``plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv,
+  head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type)``.
+  Request ``i`` owns queries ``qo_indptr[i]:qo_indptr[i+1]`` and pages
+  ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]``; its KV length is
+  ``kv_len_arr[i]``, the last page filled only as far as that length needs.
+- ``run(q_nope, q_pe, ckv_cache, kpe_cache, return_lse=...)``. The score of a
+  query and a key is ``sm_scale * (q_nope . ckv + q_pe . kpe)``. The output is
+  the softmax-weighted sum of the keys' ``ckv`` rows (MLA's values are its
+  compressed keys). The LSE is in base 2: ``log2(sum(exp(score)))``.
+- ``causal=True`` aligns the queries to the *bottom right*. In a request with
+  ``q`` queries and ``L`` keys, query ``j`` sees keys ``0 .. L - q + j``. A
+  top-left alignment (keys ``0 .. j``) is a different function; the tests keep
+  a case that tells the two apart.
+
+Two things flashinfer does not document are made strict here so that code
+proven on the oracle does not lean on them: a request with no KV at all
+raises (sglang's own DCP code gives an empty shard one slot because "the
+attention kernel fails on a shard of length zero", ``dcp_kernels.py``), and a
+page id outside the cache raises (on a GPU: an illegal access or another
+request's rows). A query that the causal bound leaves no key gets the neutral
+state, output 0 and LSE -inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+class PlanError(ValueError):
+    """A plan or a run the wrapper would refuse, or that would read outside the cache."""
+
+
+@dataclass
+class Plan:
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    kv_indices: list[int]
+    kv_len: list[int]
+    num_heads: int
+    head_dim_ckv: int
+    head_dim_kpe: int
+    page_size: int
+    causal: bool
+    sm_scale: float
+
+
+class MLAOracle:
+    """``plan`` and ``run`` with the wrapper's signatures; ``run`` returns ``out`` or ``(out, lse)``."""
+
+    def __init__(self) -> None:
+        self.planned: Plan | None = None
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type=None, kv_data_type=None) -> None:
+        qo, kv, lens = (_ints(x) for x in (qo_indptr, kv_indptr, kv_len_arr))
+        if len(qo) != len(kv) or len(lens) != len(qo) - 1:
+            raise PlanError(f"plan: {len(qo)} qo_indptr, {len(kv)} kv_indptr and {len(lens)} kv lengths do not "
+                            f"describe one batch (expected n+1, n+1, n)")
+        for i, n in enumerate(lens):
+            pages = kv[i + 1] - kv[i]
+            if pages != -(-n // page_size):
+                raise PlanError(f"plan: request {i} has {pages} pages for {n} tokens at page size {page_size}")
+        self.planned = Plan(qo, kv, _ints(kv_indices)[: kv[-1]], lens, int(num_heads), int(head_dim_ckv),
+                            int(head_dim_kpe), int(page_size), bool(causal), float(sm_scale))
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False):
+        import torch
+
+        p = self.planned
+        if p is None:
+            raise PlanError("run before plan")
+        ckv = ckv_cache.reshape(-1, p.page_size, p.head_dim_ckv)
+        kpe = kpe_cache.reshape(-1, p.page_size, p.head_dim_kpe)
+        tokens = q_nope.shape[0]
+        if tokens != p.qo_indptr[-1] or q_nope.shape[1] != p.num_heads:
+            raise PlanError(f"run: q is {tuple(q_nope.shape)}, the plan has {p.qo_indptr[-1]} queries x "
+                            f"{p.num_heads} heads")
+        o = torch.zeros(tokens, p.num_heads, p.head_dim_ckv, dtype=torch.float64)
+        s = torch.full((tokens, p.num_heads), float("-inf"), dtype=torch.float64)
+        for i, n in enumerate(p.kv_len):
+            q0, q1 = p.qo_indptr[i], p.qo_indptr[i + 1]
+            if q1 == q0:
+                continue
+            if n == 0:
+                raise PlanError(f"run: request {i} has no KV (a shard of length zero)")
+            pages = p.kv_indices[p.kv_indptr[i]: p.kv_indptr[i + 1]]
+            if min(pages) < 0 or max(pages) >= ckv.shape[0]:
+                raise PlanError(f"run: request {i} reads page {max(pages) if max(pages) >= 0 else min(pages)}, "
+                                f"outside a cache of {ckv.shape[0]} pages")
+            keys_c = ckv[pages].reshape(-1, p.head_dim_ckv)[:n].double()
+            keys_r = kpe[pages].reshape(-1, p.head_dim_kpe)[:n].double()
+            qn, qr = q_nope[q0:q1].double(), q_pe[q0:q1].double()
+            score = (torch.einsum("qhd,kd->qhk", qn, keys_c) + torch.einsum("qhd,kd->qhk", qr, keys_r)) * p.sm_scale
+            if p.causal:
+                last = torch.arange(q1 - q0) + (n - (q1 - q0))  # bottom-right: query j sees keys 0 .. n - q + j
+                hidden = torch.arange(n)[None, :] > last[:, None]
+                score = score.masked_fill(hidden[:, None, :], float("-inf"))
+            top = score.amax(-1, keepdim=True)
+            seen = torch.isfinite(top)
+            weight = torch.where(seen, torch.exp(score - torch.where(seen, top, 0.0)), 0.0)
+            total = weight.sum(-1)
+            o[q0:q1] = torch.einsum("qhk,kd->qhd", weight, keys_c) / torch.where(total > 0, total, 1.0)[..., None]
+            s[q0:q1] = torch.where(total > 0, (torch.log(total) + top.squeeze(-1)) * LOG2E, float("-inf"))
+        result = o.to(q_nope.dtype)
+        if out is not None:
+            out.copy_(result)
+            result = out
+        if not return_lse:
+            return result
+        s = s.float()
+        if lse is not None:
+            lse.copy_(s)
+            s = lse
+        return result, s
+
+
+def _ints(x) -> list[int]:
+    return [int(v) for v in (x.tolist() if hasattr(x, "tolist") else x)]
+
+
+def dense_reference(q_nope, q_pe, keys_c, keys_r, sm_scale: float, visible):
+    """Softmax attention written out for one request, with an explicit mask ``visible[query, key]``: the
+    oracle's tests compare it with the paged, planned form. Returns ``(out, lse base 2)`` in float64."""
+    import torch
+
+    score = (torch.einsum("qhd,kd->qhk", q_nope.double(), keys_c.double())
+             + torch.einsum("qhd,kd->qhk", q_pe.double(), keys_r.double())) * sm_scale
+    score = score.masked_fill(~visible[:, None, :], float("-inf"))
+    lse = torch.logsumexp(score, -1)
+    out = torch.einsum("qhk,kd->qhd", torch.softmax(score, -1), keys_c.double())
+    return out, lse * LOG2E
