@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-stamp
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees release-trees next-trees demo lint test bench gpu-check gpu-bundle clean
+.PHONY: setup trees upstream-trees release-trees next-trees demo lint check test bench gpu-check gpu-bundle clean
 
 setup: $(STAMP)
 
@@ -34,8 +34,8 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # TREE_TESTS, one pytest run per tree.
 include build/trees.mk
 
-build/trees.mk: patches/trees.json test/matrix.json $(wildcard patches/*/config.json) test/tree_table.py
-	mkdir -p $(@D) && $(PYTHON) test/tree_table.py --make > $@.tmp && mv $@.tmp $@
+build/trees.mk: patches/trees.json test/matrix.json $(wildcard patches/*/config.json) tools/tree_table.py
+	mkdir -p $(@D) && $(PYTHON) tools/tree_table.py --make > $@.tmp && mv $@.tmp $@
 
 # preflight's exit code is its verdict on the launch (0 passes, 1 rejected, 3 stops at startup, 5 a broken pass,
 # 6 passes with its passes under DCP unchecked): the demo succeeds whenever a verdict is reached and printed, and
@@ -50,7 +50,8 @@ lint: setup
 
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
 # is its --markdown output); what load_plugins() adds with the plugin on, on
-# 0.5.17 and on 0.5.23 (5 pairs of fresh processes each); preflight's peak RSS
+# 0.5.17 and on 0.5.23 (5 pairs of fresh processes each), and what reading the
+# pass map adds to it on 0.5.23; preflight's peak RSS
 # at 1x, 10x and 100x the device rows against a bare sglang import, and a
 # sweep's cost per value, on 0.5.17 and on 0.5.23; the HiCache bytes
 # moved per token, counted in a data-path run on the patched tree; and
@@ -60,10 +61,20 @@ bench: setup trees next-trees
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/plugin_overhead.py --tree $(TREE_next_stock)
+	$(BIN)/python bench/pass_map_cost.py --tree $(TREE_next_stock)
 	$(BIN)/python bench/preflight_cost.py
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
 	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
+
+# The unit tier: the package's own tests on the installed sglang alone (no tree
+# to build), in a few minutes; make test runs them again with everything else.
+CHECK_TESTS := test/test_layout.py test/passes test/test_passes.py test/test_rules.py test/test_hostram.py \
+	test/test_swap.py test/test_switch.py test/test_compat.py test/test_guard.py test/test_budget.py \
+	test/test_sizing.py test/test_series.py test/test_plugin.py test/test_every_test_ran.py \
+	test/test_tree_table.py test/numerics/test_mla_oracle.py
+check: setup
+	DCP_DSPARK_TREE=stock $(PYTEST) -q $(CHECK_TESTS)
 
 # pytest runs once per sglang tree of patches/trees.json, with PYTHONPATH on
 # that tree and DCP_DSPARK_TREE naming it (test/matrix.json says which

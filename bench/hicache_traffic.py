@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("test", "tools")]
 
 DCP_SIZES = (1, 2, 4, 8, 16)
 # DeepSeek-V3: MLA latent 512 + rope 64 in bf16 (1,152 bytes per token per layer); 61 layers; one MTP/draft layer.

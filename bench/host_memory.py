@@ -3,7 +3,7 @@
 For each MLA geometry and dcp size, rank 0's target and draft host pools are
 built by sglang's own classes (``MLATokenToKVPool`` / ``MLATokenToKVPoolHost``,
 full size, tensors on the "meta" device so nothing is allocated) through
-:func:`sglang_dcp_dspark.sizing.measure`, and the draft is registered by the
+:func:`measure` here, and the draft is registered by the
 installed sglang's own ``maybe_register_hicache_draft``:
 
 - ``stock-0.5.17``: target at ``--hicache-size``, draft registered as stock
@@ -32,9 +32,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from sglang_dcp_dspark import rules, sizing
-from sglang_dcp_dspark.hooks import _common as hook_common
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.core import meta, pools, probes, rules, sizing
+from sglang_dcp_dspark.plugin.hooks import _common as hook_common
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 
 GB = rules.GB  # --hicache-size is decimal GB (HostKVCache: host_size * 1e9), so every figure here is too
 DCP_SIZES = (1, 2, 4, 8, 16)
@@ -123,17 +123,41 @@ def ranks_per_node(dcp: int) -> int:
     return rules.ranks_per_node(tp, 1, rules.nodes_needed(tp, 1, GPUS_PER_NODE))
 
 
+def measure(target_kv: sizing.MLAKV, draft_kv: sizing.MLAKV | None, *, dcp_size: int, device_rows: int,
+            page_size: int, hicache_ratio: float, hicache_size_gb: float = 0, layout: str = "layer_first",
+            register_stock: Callable | None = None, register_fixed: Callable | None = None) -> sizing.HiCacheSizing:
+    """Build rank 0's pools at full size on the meta device and register the draft both ways."""
+    geometry = probes.Geometry(dcp_size, layout, device_rows=device_rows, page_size=page_size,
+                               host_ratio=hicache_ratio, hicache_size_gb=hicache_size_gb)
+    with meta.unallocated_host_buffers():
+        target_device = pools.device_pool(target_kv, device_rows, page_size, meta=True)
+        target_pool = probes.build_target_host_pool(geometry, device_pool=target_device)
+        drafts = []
+        for register in (register_stock, register_fixed):
+            if draft_kv is None or register is None:
+                drafts.append(None)
+                continue
+            # The replicated draft is indexed by logical slots: its device pool has device_rows x dcp rows.
+            draft_device = pools.device_pool(draft_kv, device_rows * dcp_size, page_size * dcp_size, meta=True)
+            kwargs = probes.draft_registration_args(target_pool, geometry, draft_device_pool=draft_device)
+            register(**kwargs)
+            draft = kwargs["tree_cache"].cache_controller.mem_pool_host_draft
+            drafts.append(None if draft is None else sizing.HostPoolSize.of(draft))
+    return sizing.HiCacheSizing(dcp_size, page_size, device_rows, sizing.HostPoolSize.of(target_pool), drafts[0],
+                                drafts[1])
+
+
 def measure_case(model: Model, dcp: int, *, budget_gb: float, device_rows: int, page_size: int,
                  stock: Callable, fixed: Callable) -> list[Row]:
     budget = int(budget_gb * GB)
     common = dict(dcp_size=dcp, device_rows=device_rows, page_size=page_size, hicache_ratio=2.0)
     # Stock 0.5.17 and 0.5.18+ share the target pool at the full budget; only the draft registration differs.
-    full = sizing.measure(model.target, model.draft, hicache_size_gb=budget_gb,
+    full = measure(model.target, model.draft, hicache_size_gb=budget_gb,
                           register_stock=stock, register_fixed=fixed, **common)
     # The split takes bytes per token from the host pools sglang just built, as the plugin does from the
     # same host-pool classes at startup.
     split = rules.BudgetSplit(budget, full.target.bytes_per_token, full.draft_fixed.bytes_per_token, dcp, page_size)
-    ours = sizing.measure(model.target, model.draft, hicache_size_gb=split.target_hicache_size_gb,
+    ours = measure(model.target, model.draft, hicache_size_gb=split.target_hicache_size_gb,
                           register_fixed=fixed, **common)
     rows = []
     for setup, m, draft in (("stock-0.5.17", full, full.draft_stock), ("0.5.18+", full, full.draft_fixed),
@@ -149,7 +173,7 @@ def measure_case(model: Model, dcp: int, *, budget_gb: float, device_rows: int, 
 def issue_example(stock: Callable, fixed: Callable) -> dict:
     """The issue's example: ~1M target host rows per rank at dcp 8 (DeepSeek-V3, --hicache-ratio 2)."""
     model = MODELS[0]
-    m = sizing.measure(model.target, model.draft, dcp_size=8, device_rows=500_000, page_size=64, hicache_ratio=2.0,
+    m = measure(model.target, model.draft, dcp_size=8, device_rows=500_000, page_size=64, hicache_ratio=2.0,
                        register_stock=stock, register_fixed=fixed)
     return {"target_rows": m.target.rows, "draft_rows_stock": m.draft_stock.rows,
             "draft_bytes_stock": m.draft_stock.bytes, "draft_rows_fixed": m.draft_fixed.rows,

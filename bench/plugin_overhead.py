@@ -129,7 +129,8 @@ def load(self):
     add(f"ep.load() {self.name} (import {self.value.partition(':')[0]})", time.perf_counter() - start)
     add(f"  modules it imported", 0, len(sys.modules) - n)
     if self.name == __PLUGIN__:
-        from sglang_dcp_dspark import decisions, plugin
+        from sglang_dcp_dspark import plugin
+        from sglang_dcp_dspark.plugin import decisions
         plugin._judge = timed("  of which probes (plugin._judge)", plugin._judge)
         plugin._decide = timed("  of which _decide() (probe, HookRegistry.register, log)", plugin._decide)
         decisions.watch = timed("  of which decisions.watch()", decisions.watch)

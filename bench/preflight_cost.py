@@ -29,7 +29,7 @@ Targets, all from figures measured in the same run:
 
 - peak RSS of one judgement within 1.5x of the bare import's;
 - peak RSS flat from 1x to 100x the device rows (largest / smallest <= 1.10);
-- one judgement's wall time within 1.41x of the bare import's (the median of
+- one judgement's wall time within 1.25x of the bare import's (the median of
   each round's pair);
 - a sweep costs under 2 s of wall time per value past the first:
   (sweep of N values - one judgement) / (N - 1), the median over the rounds
@@ -61,8 +61,9 @@ RSS_OVER_IMPORT_GOAL = 1.5
 RSS_FLAT_GOAL = 1.10  # largest / smallest peak RSS across the scales
 SWEEP_PER_VALUE_GOAL_S = 2.0
 # Wall of one judgement of the default over the bare import, per round's pair:
-# 1.41x was the figure before preflight read its models through ModelConfig.
-WALL_OVER_IMPORT_GOAL = 1.41
+# on every release. It was 1.41x until preflight stopped importing torch's compiler for sglang's kernels, which it
+# never runs (preflight.launch.kernels_uncompiled).
+WALL_OVER_IMPORT_GOAL = 1.25
 MB = 1e6
 
 # preflight's embedded default launch, spelled out so that each scale gives
@@ -81,7 +82,7 @@ BASE_HOST_RAM_GIB = 2048.0
 # process's wall time and its noise.
 PREFLIGHT_CHILD = """
 import sys, time
-from sglang_dcp_dspark import preflight
+from sglang_dcp_dspark.preflight import check as preflight
 preflight.MAX_GPU_MEMORY_GIB = float("inf")
 preflight.MAX_HOST_RAM_GIB = float("inf")
 _judge, _spent, _cpu = preflight.judge, [], []
@@ -120,7 +121,7 @@ def child_env(tree: Path | None) -> dict:
     return env
 
 
-# Every exit that is preflight's verdict on the launch (sglang_dcp_dspark.verdict): 2 (bad input) and 4 (a bug) are not.
+# Every exit that is preflight's verdict on the launch (sglang_dcp_dspark.preflight.verdict): 2 (bad input) and 4 (a bug) are not.
 VERDICTS = (0, 1, 3, 5, 6)
 
 

@@ -56,7 +56,7 @@ import sys
 import time
 import warnings
 
-from sglang_dcp_dspark.hooks._common import probing
+from sglang_dcp_dspark.plugin.hooks._common import probing
 
 DCP_SIZES = (2, 4, 8)
 MODES = ("replicated", "sharded")
@@ -71,7 +71,7 @@ HICACHE_SIZE_GB = 100
 
 def default_device_rows() -> int:
     """The project's preflight default: DeepSeek-V3's device KV rows per rank on an 8 x H200 node at dcp 8."""
-    from sglang_dcp_dspark.preflight import DEFAULT_DEVICE_ROWS
+    from sglang_dcp_dspark.preflight.check import DEFAULT_DEVICE_ROWS
 
     return DEFAULT_DEVICE_ROWS
 

@@ -1,6 +1,6 @@
 """Test scaffolding around the plugin's probe pools: the scheduler's HiCache start-up, and touching every draft row.
 
-The pool builders themselves are the plugin's (``sglang_dcp_dspark._probes``,
+The pool builders themselves are the plugin's (``sglang_dcp_dspark.core.probes``,
 re-exported here so tests name one module); what only tests need lives here,
 out of the wheel.
 """
@@ -9,61 +9,58 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sglang_dcp_dspark._probes import (  # re-exported for the tests
+from sglang_dcp_dspark.core.probes import (  # re-exported for the tests
     DEVICE_ROWS as DEVICE_ROWS,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     DRAFT_LAYERS as DRAFT_LAYERS,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     HOST_RATIO as HOST_RATIO,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     KV_LORA_RANK as KV_LORA_RANK,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     MLA_LAYOUTS as MLA_LAYOUTS,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     PAGE_SIZE as PAGE_SIZE,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     QK_ROPE_HEAD_DIM as QK_ROPE_HEAD_DIM,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     TARGET_LAYERS as TARGET_LAYERS,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     ControllerStandIn as ControllerStandIn,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     Geometry as Geometry,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     PoolPair as PoolPair,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     build_draft_device_pool as build_draft_device_pool,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     build_pools as build_pools,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     build_target_host_pool as build_target_host_pool,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     draft_registration_args as draft_registration_args,
 )
-from sglang_dcp_dspark._probes import (
-    mla_device_pool as mla_device_pool,
-)
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     scheduler_stand_in as scheduler_stand_in,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     server_args_for as server_args_for,
 )
-from sglang_dcp_dspark._probes import (
+from sglang_dcp_dspark.core.probes import (
     unpinned_host_memory as unpinned_host_memory,
 )
 

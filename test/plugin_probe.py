@@ -36,7 +36,7 @@ def scheduler_like(queue) -> None:
 def launch(model: str, algorithm: str) -> str:
     from sglang.srt.server_args import prepare_server_args
 
-    from sglang_dcp_dspark.preflight import Node, emulated_node
+    from sglang_dcp_dspark.preflight.check import Node, emulated_node
 
     try:
         # 8 x B200 on cutedsl_mla, the probes argument resolution asks: PR #35221's validated shape (on an H200

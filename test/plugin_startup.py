@@ -81,7 +81,7 @@ def main() -> None:
         from sglang.srt.managers import scheduler
 
     # The plugin's probes build their pools here; the injected failure goes where they look.
-    from sglang_dcp_dspark import _probes as hostpool
+    from sglang_dcp_dspark.core import probes as hostpool
 
     if args.probe_failure:
         real_build = hostpool.build_pools
@@ -126,7 +126,7 @@ def main() -> None:
         except Exception as exc:
             result["call"] = f"{type(exc).__name__}: {exc}"
     if args.sidecar_call:
-        from sglang_dcp_dspark import sidecar
+        from sglang_dcp_dspark.core import sidecar
 
         pools = sidecar.built(sidecar.Rank(8, device_rows=500_000, target_layers=61, hicache_size=100))
         result["sidecar"] = {"target_rows": pools.target_host.size, "draft_rows": pools.draft_host.size}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import sizing
+from sglang_dcp_dspark.core import sizing
 from trees import load_bench
 
 DCP = 2

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import budget
-from sglang_dcp_dspark.sizing import BudgetSplit, host_bytes_per_token
+from sglang_dcp_dspark.core import budget
+from sglang_dcp_dspark.core.sizing import BudgetSplit, host_bytes_per_token
 
 BUDGET = 40_000_000  # bytes per rank: real CPU buffers, a few tens of MB
 
@@ -24,7 +24,7 @@ def build_with_target_share(dcp: int, target_bytes: int, draft_kind: str = "mla"
     """Target sized by --hicache-size = target_bytes, draft by the fixed registration, as sglang builds them."""
     from sglang.srt.mem_cache import kv_cache_builder
 
-    from sglang_dcp_dspark.hooks.kv_cache_builder import fixed_registration
+    from sglang_dcp_dspark.plugin.hooks.kv_cache_builder import fixed_registration
 
     g = hostpool.Geometry(dcp, hicache_size_gb=target_bytes / 1e9, draft_kind=draft_kind)
     return hostpool.build_pools(g, register=fixed_registration(kv_cache_builder.maybe_register_hicache_draft))
@@ -105,14 +105,14 @@ def test_ranks_per_host_divide_free_ram():
 
 def test_ratio_that_overshoots_free_ram_warns_with_a_size_that_fits(caplog):
     scheduler = stand_in(4, hicache_ratio=2.0)
-    with caplog.at_level(logging.WARNING, logger="sglang_dcp_dspark.budget"):
+    with caplog.at_level(logging.WARNING, logger="sglang_dcp_dspark.core.budget"):
         assert budget.fit_hicache_size(scheduler, available_bytes=free_for(scheduler, 1.5)) is None
     assert any("set --hicache-size" in r.getMessage() for r in caplog.records)
 
 
 def test_budget_applied_and_logged(caplog):
     scheduler = stand_in(4, hicache_size=0.05)
-    with caplog.at_level(logging.INFO, logger="sglang_dcp_dspark.budget"):
+    with caplog.at_level(logging.INFO, logger="sglang_dcp_dspark.core.budget"):
         split = budget.fit_hicache_size(scheduler, available_bytes=1 << 40)
     assert scheduler.server_args.hicache_size == split.target_budget_bytes / 1e9 < 0.05
     assert any("counts the draft at dcp_size 4" in r.getMessage() for r in caplog.records)

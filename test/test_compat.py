@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark.compat import installed_sglang_version, locate_tree
-from sglang_dcp_dspark.errors import DcpDsparkError
+from sglang_dcp_dspark.core.compat import installed_sglang_version, locate_tree
+from sglang_dcp_dspark.core.errors import DcpDsparkError
 
 
 def test_installed_tree_is_the_one_python_imports(installed_tree):

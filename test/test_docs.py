@@ -1,6 +1,6 @@
 """Generated blocks in README.md and docs/: each is what its command prints now, and none goes unchecked.
 
-test/docblocks.py finds the blocks. The one slow command here (bench/host_memory.py,
+tools/docblocks.py finds the blocks. The one slow command here (bench/host_memory.py,
 mostly an sglang import) starts when this module is collected and runs while
 the rest of the session does; the coverage blocks are checked in-process by
 the runs on their own trees (test/upstream_pr/test_docs.py).
@@ -62,3 +62,20 @@ def test_no_test_counts_in_the_docs():
         text = doc.read_text(encoding="utf-8")
         counts = [m.group(0) for m in TEST_COUNT.finditer(text)]
         assert counts == [], f"{doc.name} quotes test counts {counts}; say what the tests check instead"
+
+
+def test_the_readmes_preflight_command_runs_and_reads_as_it_says():
+    """The README's first command, on the models the package ships (MODEL and DRAFT are the operator's): it reaches
+    a verdict, and its last line reads as the README's "Read the verdict" says, with an exit code from its table."""
+    readme = (docblocks.REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Run preflight on your launch", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"```sh\n(.*?)```", section, re.S).group(1).strip()
+    assert command.startswith("sglang-dcp-dspark preflight ") and " MODEL " in command and " DRAFT" in command
+    data = "python/sglang_dcp_dspark/preflight/data"
+    command = command.replace(" MODEL ", f" {data}/deepseek-v3 ").replace(" DRAFT", f" {data}/kimi-k3-dspark-draft")
+    table = readme.split("## Read the verdict", 1)[1].split("\n## ", 1)[0]
+    codes = {int(m) for m in re.findall(r"^\| (\d) \|", table, re.M)}
+    assert codes == {0, 1, 2, 3, 4, 5, 6}
+    out = docblocks.run(command)  # asserts the exit code is a verdict (0, 1, 3, 5, 6)
+    last = out.strip().splitlines()[-1]
+    assert re.match(r"verdict: [A-Z ,]+ \(exit [01356]\): ", last), last

@@ -15,10 +15,10 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import tree_table
-from sglang_dcp_dspark import maintain, patching
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.compat import locate_tree
-from sglang_dcp_dspark.errors import DcpDsparkError
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.core.errors import DcpDsparkError
+from sglang_dcp_dspark.series import maintain, patching
 from trees import assert_reexports
 
 SERIES = "upstream-pr-35221"

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 import fault_child
-from sglang_dcp_dspark import journal, patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.__main__ import main
-from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.series import journal, patching
 
 SERIES = "sglang-0.5.17"
 RECORD = series_mod.RECORD

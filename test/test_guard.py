@@ -7,9 +7,9 @@ import inspect
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import guard
-from sglang_dcp_dspark.errors import DcpDsparkError, StartupError
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.core.errors import DcpDsparkError, StartupError
+from sglang_dcp_dspark.plugin import guard
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 
 
 @pytest.fixture(scope="module")

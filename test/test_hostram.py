@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import hostram
-from sglang_dcp_dspark.releases import Built, Pinned
-from sglang_dcp_dspark.sizing import HostPoolSize
+from sglang_dcp_dspark.core.sizing import HostPoolSize
+from sglang_dcp_dspark.preflight import hostram
+from sglang_dcp_dspark.preflight.releases import Built, Pinned
 
 TARGET_ROWS, DCP = 2_112, 8
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from passmap import compact
 from sglang_dcp_dspark import passes
 
 
@@ -45,10 +46,13 @@ def pass_map(tmp_path, monkeypatch):
         # an external dense EAGLE3 draft, mapped on flashinfer MLA only: its own draft passes, the target's verify
         _case("EAGLE3", backend="flashinfer", rank=0, TARGET_VERIFY="wrong-rows"),
     ]
+    full = {"passes": ["EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND", "TARGET_VERIFY"],
+            "cases": cases}
+    # Through the compaction the package's tables go through.
     path = tmp_path / "spec_passes.json"
-    path.write_text(json.dumps({"passes": ["EXTEND", "DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND",
-                                           "TARGET_VERIFY"], "cases": cases}))
-    monkeypatch.setattr(passes, "MAP", path)
+    path.write_text(json.dumps(full))
+    compact.write(path, tmp_path / "tables")
+    monkeypatch.setattr(passes, "TABLES", tmp_path / "tables")
     return path
 
 
@@ -142,6 +146,8 @@ def test_the_verify_fix_counts_only_its_own_readings_and_names_its_evidence(pass
         {"release": "0.5.23", "fix": "plugin", "algorithm": algorithm, "draft_class": "X", "draft_backend_flag": None,
          "dcp": 8, "rank": rank, "passes": fixed} for algorithm, rank in (("EAGLE3", 0), ("NEXTN", 7))]
     pass_map.write_text(json.dumps(data))
+    compact.write(pass_map, passes.TABLES)
+    passes._read.cache_clear()  # the table was read once already in this process, before its rewrite
     refuse = functools.partial(passes.refusal, "0.5.23", dcp=8, mla=True, target_backend="flashinfer",
                                draft_backend=None)
     stock = passes.EAGLE_ON.format(dcp=8, algorithm="EAGLE3", backend="flashinfer")

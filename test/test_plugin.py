@@ -10,17 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import decisions, patching, plugin
+from sglang_dcp_dspark import plugin
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.commands import status as status_command
-from sglang_dcp_dspark.hooks import _common as hook_common
-from sglang_dcp_dspark.hooks import flashinfer_mla_backend as verify_hooks
-from sglang_dcp_dspark.hooks import hicache_auto_size as auto_size_hooks
-from sglang_dcp_dspark.hooks import hybrid_pool_assembler as assembler_hooks
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
-from sglang_dcp_dspark.hooks import scheduler as scheduler_hooks
-from sglang_dcp_dspark.hooks import server_args as server_args_hooks
-from sglang_dcp_dspark.hooks import speculative_hook as speculative_hooks
+from sglang_dcp_dspark.core import probes
+from sglang_dcp_dspark.plugin import decisions
+from sglang_dcp_dspark.plugin import status as plugin_status
+from sglang_dcp_dspark.plugin.hooks import _common as hook_common
+from sglang_dcp_dspark.plugin.hooks import flashinfer_mla_backend as verify_hooks
+from sglang_dcp_dspark.plugin.hooks import hicache_auto_size as auto_size_hooks
+from sglang_dcp_dspark.plugin.hooks import hybrid_pool_assembler as assembler_hooks
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
+from sglang_dcp_dspark.plugin.hooks import server_args as server_args_hooks
+from sglang_dcp_dspark.plugin.hooks import speculative_hook as speculative_hooks
+from sglang_dcp_dspark.series import patching
 
 PROBE = Path(__file__).parent / "plugin_probe.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -181,12 +184,11 @@ def stock_registration():
 
 
 def test_a_failing_registration_probe_gets_the_check_only_hook(registered, monkeypatch, caplog):
-    from sglang_dcp_dspark import _probes
 
     def build_pools(g, register=None):
         raise RuntimeError("injected probe failure")
 
-    monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
+    monkeypatch.setattr(probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     with caplog.at_level("INFO", logger="sglang_dcp_dspark"):
         plugin._hook(kv_cache_hooks.DRAFT_REGISTRATION, kv_cache_hooks.registration_verdict, kv_cache_hooks.size_draft_from_logical, False,
                      kv_cache_hooks.check_only_if_needed())
@@ -199,7 +201,7 @@ def test_the_check_only_hook_stops_a_short_draft_pool_and_passes_a_correct_one(s
     import functools
 
     import hostpool
-    from sglang_dcp_dspark import guard
+    from sglang_dcp_dspark.plugin import guard
 
     check_only = functools.partial(kv_cache_hooks.check_draft_registration, stock_registration)
     with pytest.raises(guard.DraftHostPoolTooSmall) as caught:
@@ -213,7 +215,7 @@ def test_the_check_only_hook_stops_a_short_draft_pool_and_passes_a_correct_one(s
 
 
 def test_no_check_only_hook_where_upstream_carries_the_fix(monkeypatch):
-    from sglang_dcp_dspark import compat
+    from sglang_dcp_dspark.core import compat
 
     monkeypatch.setattr(compat, "installed_sglang_version", lambda: "0.5.18")
     assert kv_cache_hooks.check_only_if_needed() is None
@@ -364,7 +366,7 @@ class _Series:
     ],
 )
 def test_status_line(version, statuses, environ, says):
-    line = status_command.status_line(version, [_Series(*s) for s in statuses], environ)
+    line = plugin_status.status_line(version, [_Series(*s) for s in statuses], environ)
     assert line.startswith("plugin dcp_dspark") and says in line and "\n" not in line
 
 
@@ -392,8 +394,8 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
     ours = {m for m in loaded if m.startswith("sglang_dcp_dspark")}
     # The hook carriers come when their sglang module is imported, not before: every process pays for this much only.
     assert ours == {
-        "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.switch", "sglang_dcp_dspark.hooks",
-        "sglang_dcp_dspark.decisions",
+        "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.plugin.switch", "sglang_dcp_dspark.plugin.hooks",
+        "sglang_dcp_dspark.plugin.decisions",
     }, ours
     assert not [m for m in loaded if m.split(".")[0] in ("sglang", "torch")]
     # The scheduler start-up and draft-row helpers only tests use live under test/, not in the wheel.
@@ -402,8 +404,8 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
 
 def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     """One table for register() and preflight: each hook names the sglang module, its judge and hook, and the patch."""
-    from sglang_dcp_dspark import hooks
-    from sglang_dcp_dspark.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
+    from sglang_dcp_dspark.plugin import hooks
+    from sglang_dcp_dspark.plugin.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
 
     assert [h.target for h in hooks.HOOKS] == [
         server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,

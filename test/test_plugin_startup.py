@@ -1,7 +1,7 @@
 """The plugin in a scheduler's real start-up order (load_plugins, then sglang's configure_logger): its decision lines, fail-closed hooks, quiet and CUDA-free probes, and the off switch, on 0.5.17, 0.5.18 and 0.5.23.
 
 The decision lines reach sglang's configured log without a hook on
-``configure_logger`` (see sglang_dcp_dspark.decisions). On 0.5.23 the sidecar
+``configure_logger`` (see sglang_dcp_dspark.plugin.decisions). On 0.5.23 the sidecar
 hooks are hooked and a real tree-cache build goes through them.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 from tree_table import TREES as TREE_TABLE
 from trees import BUILD_TREES
 

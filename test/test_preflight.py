@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from sglang_dcp_dspark.__main__ import main
-from sglang_dcp_dspark.preflight import (
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.preflight.check import (
     DEFAULT_DEVICE_ROWS,
     DEFAULT_DEVICE_ROWS_NOTE,
     DEFAULT_DRAFT,
@@ -27,7 +28,6 @@ from sglang_dcp_dspark.preflight import (
     GIB,
     MAX_GPU_MEMORY_GIB,
 )
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
 
 GATE = "HiCache with --dcp-size > 1"
 # The tests' own 2-layer MLA config; the default launch is DeepSeek-V3 (test_default_launch_*).
@@ -304,7 +304,7 @@ def test_hicache_size_that_does_not_fit_exits_3(capsys):
 
 def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
     """A draft registration that leaves the draft short of the logical slots (e.g. shadowed by another plugin) stops at startup."""
-    from sglang_dcp_dspark.hooks import kv_cache_builder
+    from sglang_dcp_dspark.plugin.hooks import kv_cache_builder
 
     # The hook in the plugin's table, which preflight runs: replaced by one that sizes nothing.
     monkeypatch.setattr(kv_cache_builder, "size_draft_from_logical", lambda original, *args, **kwargs: original(*args, **kwargs))
@@ -317,7 +317,7 @@ def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
 
 def test_preflight_resolves_through_the_plugins_own_resolver_hook(capsys, monkeypatch):
     """A hook in the plugin's table is what preflight runs: here the resolver hook, seen being called."""
-    from sglang_dcp_dspark.hooks import server_args
+    from sglang_dcp_dspark.plugin.hooks import server_args
 
     real, seen = server_args.admit_dspark, []
 
@@ -535,8 +535,8 @@ CHARTS = {
 
 @pytest.fixture(scope="module")
 def sweeps():
-    from sglang_dcp_dspark import sweep
-    from sglang_dcp_dspark.preflight import default_node
+    from sglang_dcp_dspark.preflight import sweep
+    from sglang_dcp_dspark.preflight.check import default_node
 
     # the default launch's own node (8 x B200, cutedsl_mla), as the command line judges it
     return {name: sweep.sweep(launch, default_node(), None, "dcp=1,2,4,8") for name, launch in CHARTS.items()}
@@ -568,7 +568,7 @@ def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
 
 def test_the_sweep_block_and_the_charts_are_fresh(sweeps, tmp_path):
     import docblocks
-    from sglang_dcp_dspark import report
+    from sglang_dcp_dspark.preflight import report
 
     docblocks.check("sweep-dcp", report.render_sweep(sweeps["preflight-sweep-dcp.png"]))
     for name, result in sweeps.items():
@@ -655,7 +655,7 @@ def test_without_matplotlib_the_plot_is_one_line(capsys, monkeypatch, tmp_path):
 
 def test_an_internal_error_has_its_own_exit_code_in_one_line(capsys, monkeypatch):
     """A bug of the tool is exit 4, never a verdict (0 to 3); the traceback only on request."""
-    from sglang_dcp_dspark import preflight
+    from sglang_dcp_dspark.preflight import check as preflight
 
     monkeypatch.setattr(preflight, "run", lambda *args, **kwargs: 1 / 0)
     monkeypatch.delenv("SGLANG_DCP_DSPARK_TRACEBACK", raising=False)

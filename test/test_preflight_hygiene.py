@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sglang_dcp_dspark.__main__ import main
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_launch_flags_without_the_separator_get_a_hint_and_json(capsys):
 
 
 def test_an_internal_error_prints_json_too(capsys, monkeypatch):
-    from sglang_dcp_dspark import preflight
+    from sglang_dcp_dspark.preflight import check as preflight
 
     def broken(*args, **kwargs):
         raise KeyError("a bug")
@@ -85,7 +85,7 @@ def test_a_sweep_has_a_top_level_verdict_its_exit_code(capsys):
 
 
 def test_worst_orders_unchecked_below_every_refusal():
-    from sglang_dcp_dspark.verdict import worst
+    from sglang_dcp_dspark.preflight.verdict import worst
 
     assert worst([0, 6]) == 6 and worst([6, 1]) == 1 and worst([5, 6, 0]) == 5 and worst([3, 2]) == 3
 
@@ -97,7 +97,7 @@ def test_an_unknown_gpu_part_is_bad_input(capsys):
 
 
 def test_a_part_sets_capability_and_memory():
-    from sglang_dcp_dspark.launch import Node
+    from sglang_dcp_dspark.preflight.launch import Node
 
     b200, b300, h100 = Node.of_part("NVIDIA B200"), Node.of_part("NVIDIA B300 SXM6 AC"), Node.of_part("h100")
     assert (b200.capability, b200.gpu_memory_gib) == ((10, 0), 180.0)
@@ -110,7 +110,7 @@ def test_the_probes_answer_for_the_node_and_for_this_machine_after():
     """sglang's architecture probes answer for the emulated node inside the block, as this CPU machine after."""
     from sglang.srt import utils
 
-    from sglang_dcp_dspark.launch import Node, emulated_node, import_sglang
+    from sglang_dcp_dspark.preflight.launch import Node, emulated_node, import_sglang
 
     import_sglang()
     before = (utils.is_sm100_supported(), utils.is_hopper_with_cuda_12_3())
@@ -146,7 +146,7 @@ def test_a_refusal_is_read_with_the_condition_that_leads_to_it(tmp_path):
     architecture probe (the emulated node's answer) is sglang's verdict; the condition is read, not only the raise."""
     import importlib.util
 
-    from sglang_dcp_dspark.launch import Node, platform_refusal
+    from sglang_dcp_dspark.preflight.launch import Node, platform_refusal
 
     module = tmp_path / "sglang" / "guarded.py"  # an sglang frame, as platform_refusal reads frames
     module.parent.mkdir()

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from sglang_dcp_dspark import rules
+from sglang_dcp_dspark.core import rules
 
 T, D = 70_272, 1_152  # host bytes per token: a 61-layer MLA target and a one-layer MLA draft, bf16
 
 
 def test_the_rule_module_imports_neither_sglang_nor_torch():
-    code = "import sys, sglang_dcp_dspark.rules; print(__import__('json').dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch'))))"
+    code = "import sys, sglang_dcp_dspark.core.rules; print(__import__('json').dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == []
 

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from conftest import tree_digest
-from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.__main__ import main
-from sglang_dcp_dspark.compat import locate_tree
-from sglang_dcp_dspark.patching import State
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.series import patching
+from sglang_dcp_dspark.series.patching import State
 
 SERIES = "sglang-0.5.17"
 

@@ -10,8 +10,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import hostpool
-from sglang_dcp_dspark import sizing
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.core import sizing
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
+from trees import load_bench
+
+bench = load_bench("host_memory")  # the bench builds its pools with the package's meta device and pool builder
 
 TARGET = sizing.MLAKV(layers=2, kv_lora_rank=512, qk_rope_head_dim=64)
 DRAFT = sizing.MLAKV(layers=1, kv_lora_rank=512, qk_rope_head_dim=64)
@@ -34,7 +37,7 @@ def test_matches_pools_built_for_real(registrations, dcp, page, layout):
     """
     stock, fixed = registrations
     g = hostpool.Geometry(dcp, layout, page_size=page)
-    measured = sizing.measure(
+    measured = bench.measure(
         sizing.MLAKV(g.target_layers, g.kv_lora_rank, g.qk_rope_head_dim),
         sizing.MLAKV(g.draft_layers, g.kv_lora_rank, g.qk_rope_head_dim),
         dcp_size=dcp, device_rows=g.device_rows, page_size=g.page_size, hicache_ratio=g.host_ratio, layout=layout,
@@ -50,7 +53,7 @@ def test_matches_pools_built_for_real(registrations, dcp, page, layout):
 def test_full_scale_costs_no_memory_and_shows_the_defect(registrations):
     stock, fixed = registrations
     # 400k rows x 61 layers: ~56 GB of target host pool per rank if it were allocated.
-    m = sizing.measure(sizing.MLAKV(61, 512, 64), DRAFT, dcp_size=8, device_rows=400_000, page_size=64,
+    m = bench.measure(sizing.MLAKV(61, 512, 64), DRAFT, dcp_size=8, device_rows=400_000, page_size=64,
                        hicache_ratio=2.0, register_stock=stock, register_fixed=fixed)
     assert m.target.bytes == m.target.rows * m.target.bytes_per_token > 50e9
     assert m.target.logical_slots == 8 * m.target.rows
@@ -60,7 +63,7 @@ def test_full_scale_costs_no_memory_and_shows_the_defect(registrations):
 
 def test_hicache_size_sets_target_rows(registrations):
     stock, fixed = registrations
-    m = sizing.measure(TARGET, None, dcp_size=2, device_rows=4096, page_size=64, hicache_ratio=2.0, hicache_size_gb=1)
+    m = bench.measure(TARGET, None, dcp_size=2, device_rows=4096, page_size=64, hicache_ratio=2.0, hicache_size_gb=1)
     # sglang rounds the row count up past the next page boundary.
     page_bytes = m.target.bytes_per_token * m.target.page_size
     assert 1e9 <= m.target.bytes <= 1e9 + page_bytes
@@ -93,7 +96,7 @@ def test_sizing_builds_no_per_slot_tensor(registrations):
     """
     stock, fixed = registrations
     with _RealTensors() as real:
-        m = sizing.measure(TARGET, DRAFT, dcp_size=8, device_rows=100_000, page_size=1, hicache_ratio=2.0,
+        m = bench.measure(TARGET, DRAFT, dcp_size=8, device_rows=100_000, page_size=1, hicache_ratio=2.0,
                            register_stock=stock, register_fixed=fixed)
     assert m.target.logical_slots > 1_000_000
     assert real.largest < 1024, f"{real.largest} bytes in one real tensor: per-slot bookkeeping was materialised"

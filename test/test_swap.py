@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from sglang_dcp_dspark import swap
+from sglang_dcp_dspark.core import swap
 
 
 class Base:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sglang_dcp_dspark import switch
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV, plugin_state
+from sglang_dcp_dspark.plugin import switch
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV, plugin_state
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,8 @@ import json, sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
 ran = "sglang_dcp_dspark.plugin" in sys.modules  # ep.load() imports it only for a plugin sglang runs
-from sglang_dcp_dspark import plugin, switch
+from sglang_dcp_dspark import plugin
+from sglang_dcp_dspark.plugin import switch
 print(json.dumps({"acted": ran and plugin.active is True, "state": switch.plugin_state().enabled}))
 """
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import tree_table
-from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.series import patching
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import tree_table
-from sglang_dcp_dspark import hooks
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.commands._args import DEFAULT_SERIES
+from sglang_dcp_dspark.cli._args import DEFAULT_SERIES
+from sglang_dcp_dspark.plugin import hooks
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 VERSIONS = tree_table.VERSIONS

@@ -1,6 +1,6 @@
 """What the per-tree pytest runs share: the tree label, strict xfails for the defect, and series checks.
 
-`make test` runs pytest once per tree of patches/trees.json (test/tree_table.py
+`make test` runs pytest once per tree of patches/trees.json (tools/tree_table.py
 reads it), with PYTHONPATH on that tree and DCP_DSPARK_TREE naming it; each
 per-tree conftest checks that the imported sglang is the tree the label names
 and that its series read as the table says.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import maintain, patching
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.compat import SglangTree, locate_tree
+from sglang_dcp_dspark.core.compat import SglangTree, locate_tree
+from sglang_dcp_dspark.series import maintain, patching
 from tree_table import BUILD_TREES, TREES
 
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")

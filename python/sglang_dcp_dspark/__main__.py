@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 
-from . import __version__, commands
-from .errors import DcpDsparkError, Interrupted
+from . import __version__
+from . import cli as commands
+from .core.errors import DcpDsparkError, Interrupted
 
 # An unforeseen exception: a bug of this tool. Its own code, apart from every verdict (0 to 3) and refusal (2).
 INTERNAL_ERROR = 4
@@ -61,7 +62,7 @@ def _json_verdict(code: int, message: str) -> None:
     """The one JSON object every preflight exit prints with --json: the verdict and the exit code."""
     import json
 
-    from .verdict import OUTCOMES
+    from .preflight.verdict import OUTCOMES
 
     outcome = OUTCOMES.get(code, "ERROR")
     print(json.dumps({"verdict": {"code": code, "outcome": outcome, "line": f"verdict: {outcome} (exit {code}): {message}"},

@@ -59,14 +59,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-if __name__ == "__main__":  # run as a script: test/ (datapath, tree_table) and the package on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # run as a script: test/ (datapath), tools/ (tree_table) and the package on the path
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2] / "tools")]
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "draft-layouts.md"
 COMMAND = "PYTHONPATH=build/trees/sglang-0.5.23 python test/datapath/layouts.py"
 BEGIN, END = f"<!-- draft-layouts:begin ({COMMAND}) -->", "<!-- draft-layouts:end -->"
-DATA = REPO / "python" / "sglang_dcp_dspark" / "data"
+DATA = REPO / "python" / "sglang_dcp_dspark" / "preflight" / "data"
 
 DCP_SIZES = (1, 2, 4, 8)
 COUNTERFACTUAL_DCP = (2, 8)
@@ -209,7 +209,7 @@ def on_rank(dcp: int, rank: int) -> Iterator[object]:
     from sglang.srt.runtime_context import get_parallel
 
     from datapath.substitutions import substituted
-    from sglang_dcp_dspark import sidecar
+    from sglang_dcp_dspark.core import sidecar
 
     r = sidecar.Rank(
         dcp_size=dcp, dcp_rank=rank, device_rows=PAGE * PAGES, page_size=PAGE, target_layers=TARGET_LAYERS,
@@ -487,7 +487,7 @@ def host_stack(plan_name: str, plan, packed, target, dcp: int):
     from sglang.srt.mem_cache.hicache_storage import PoolTransfer
     from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as hpa
 
-    from sglang_dcp_dspark import sidecar
+    from sglang_dcp_dspark.core import sidecar
 
     sidecars = tuple(plan.device_pools) if plan_name == "SIDECAR" else ()
     params = sidecar.cache_params(SimpleNamespace(rank=SimpleNamespace(page_size=PAGE, dcp_size=dcp), draft_device=None),
@@ -560,7 +560,7 @@ def round_trip(launch: DraftLaunch, group, draft_pool, extra_pools, ops, locs, l
 
 def _launch_record(launch: DraftLaunch, dcp: int):
     """The resolved-launch record ``releases.draft_plan`` reads (only its algorithm matters there)."""
-    from sglang_dcp_dspark.launch import Launch
+    from sglang_dcp_dspark.preflight.launch import Launch
 
     return Launch(
         model_path="target", draft_model_path="draft", tp_size=dcp, pp_size=1, nnodes=1, dcp_size=dcp,
@@ -576,8 +576,8 @@ def measure_rank(launch: DraftLaunch, dcp: int, rank: int) -> tuple[Row, RankRes
     import torch
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dcp_dspark.releases import Models, draft_plan, plan_name
-    from sglang_dcp_dspark.sizing import MLAKV
+    from sglang_dcp_dspark.core.sizing import MLAKV
+    from sglang_dcp_dspark.preflight.releases import Models, draft_plan, plan_name
 
     result = RankResult(rank=rank)
     with on_rank(dcp, rank) as ops:

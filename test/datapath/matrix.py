@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __name__ == "__main__":  # run as a script, test/ (where tree_table lives) is not on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # run as a script, tools/ (where tree_table lives) is not on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import tree_table
 
 DCP_SIZES = (1, 2, 3, 4, 8)
@@ -28,7 +28,7 @@ LAYOUT_IO_PAIRS = (  # the pairs sglang keeps (ServerArgs._resolve_layout_io_com
 DRAFT_KINDS = ("mla", "mha")
 
 # The tree labels and what each tree is come from patches/trees.json
-# (test/tree_table.py); this module adds, per label, the draft registration
+# (tools/tree_table.py); this module adds, per label, the draft registration
 # paths the harness drives there and whether the full matrix runs.
 # "default": 0.5.17's HiRadixCache registration. "legacy": HiRadixCache through
 # _register_legacy_hicache_draft (0.5.18, the PR parent). "sidecar": the tree's

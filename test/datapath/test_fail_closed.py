@@ -9,8 +9,10 @@ import pytest
 
 from datapath.harness import Case
 from datapath.scenarios import round_trip
-from sglang_dcp_dspark import _probes, decisions, guard, plugin
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark import plugin
+from sglang_dcp_dspark.core import probes
+from sglang_dcp_dspark.plugin import decisions, guard
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 from trees import TREE
 
 pytestmark = pytest.mark.skipif(
@@ -60,7 +62,7 @@ def test_injected_probe_failure_stops_at_startup(hook_the_plugin_picks, monkeypa
     def build_pools(g, register=None):
         raise RuntimeError("injected probe failure")
 
-    monkeypatch.setattr(_probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
+    monkeypatch.setattr(probes, "build_pools", build_pools)  # where the plugin's probe builds its pools
     hook = hook_the_plugin_picks()
     monkeypatch.undo()  # the launch itself builds real pools
     assert hook is kv_cache_hooks.check_draft_registration

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from numerics.mla_oracle import LOG2E, MLAOracle, PlanError, dense_reference  # noqa: E402
+from mla.oracle import LOG2E, MLAOracle, PlanError, dense_reference  # noqa: E402
 
 CKV, KPE, HEADS = 16, 8, 4
 

@@ -4,7 +4,7 @@
 run's tree. Where the fix lives on each tree: the plugin's hooks on stock 0.5.23 (``next-stock``) and 0.5.22
 (``release-0.5.22``), the series' code on 0.5.23 + upstream-next (``next-patched``). On both, every case must match one rank to 1e-5 and each
 control must be caught; on the stock tree without the hooks every case with N > 1 must fail. The map's readings
-of the verify with the fix (``passmap.py --fix``) must be fresh on the tree that carries it.
+of the verify with the fix (``tools/passmap/generate.py --fix``) must be fresh on the tree that carries it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 @functools.cache
 def _numbers(*args: str) -> dict:
-    out = _run(HERE / "verify_dcp.py", "--json", *args)
+    out = _run(REPO / "tools" / "mla" / "verify_dcp.py", "--json", *args)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -90,5 +90,5 @@ def test_stock_fails_every_case_with_more_than_one_rank():
 
 def test_the_maps_readings_of_the_fixed_verify_are_fresh():
     _, fix, _ = HOMES[TREE]
-    out = _run(REPO / "test" / "spec" / "passmap.py", "--fix", fix, "--check")
+    out = _run(REPO / "tools" / "passmap" / "generate.py", "--fix", fix, "--check")
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

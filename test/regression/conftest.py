@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import patching
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.series import patching
 from tree_table import trees_testing
 from trees import TREE, expected_state, mark_defects
 from trees import expect_fixed as _expect_fixed

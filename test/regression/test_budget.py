@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import hostpool
-from sglang_dcp_dspark.sizing import host_bytes_per_token
+from sglang_dcp_dspark.core.sizing import host_bytes_per_token
 
 BUDGET_GB = 0.05  # small enough to allocate for real on CPU
 

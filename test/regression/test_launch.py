@@ -10,7 +10,7 @@ import sglang.srt.configs.model_config
 import sglang.srt.layers.quantization  # noqa: F401
 from sglang.srt.server_args import prepare_server_args
 
-from sglang_dcp_dspark.preflight import Node, emulated_node
+from sglang_dcp_dspark.preflight.check import Node, emulated_node
 
 GATE_MESSAGE = "HiCache with --dcp-size > 1"
 

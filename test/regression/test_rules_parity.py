@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import rules
-from sglang_dcp_dspark.sizing import host_bytes_per_token
+from sglang_dcp_dspark.core import rules
+from sglang_dcp_dspark.core.sizing import host_bytes_per_token
 
 BUDGETS_GB = (0.05, 1.0, 100.0)  # the last one only sizes: no host pool is built at it
 

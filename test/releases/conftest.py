@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from sglang_dcp_dspark.compat import locate_tree
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 from tree_table import TREES
 from trees import TREE, imported_tree
 

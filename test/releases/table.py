@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(REPO / "test")]
+sys.path[:0] = [str(REPO / "test"), str(REPO / "tools")]
 
 import docblocks  # noqa: E402
 from tree_table import TREES  # noqa: E402

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark import launch as launch_mod
-from sglang_dcp_dspark import preflight, releases
-from sglang_dcp_dspark.compat import parse_version
+from sglang_dcp_dspark.core import meta as meta_device
+from sglang_dcp_dspark.core.compat import parse_version
+from sglang_dcp_dspark.preflight import check as preflight
+from sglang_dcp_dspark.preflight import launch as launch_mod
 from tree_table import TREES
 from trees import TREE
 
@@ -63,7 +64,7 @@ def test_meta_figures_equal_real_cpu_pools(name, hooked):
     release, la, models = _launch(CASES[name])
     ram = 64 * 2**30
     meta = release.build(la, models, 1024, hooked=hooked, host_ram=ram)
-    with releases.real_buffers():
+    with meta_device.real_buffers():
         real = release.build(la, models, 1024, hooked=hooked, host_ram=ram)
     assert meta.startup_error == real.startup_error
     assert _figures(meta) == _figures(real)

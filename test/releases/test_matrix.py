@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_dcp_dspark.compat import parse_version
-from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
+from sglang_dcp_dspark.core.compat import parse_version
+from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
 from tree_table import TREES
 from trees import TREE
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_dcp_dspark import passes
-from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
+from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
 from trees import TREE
 
 from .conftest import preflight
@@ -70,7 +70,7 @@ def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
     0012) or 0.5.22's and 0.5.23's hooked (the plugin): there PASSES, naming the fix and its evidence. Elsewhere, without the plugin, a
     broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache + DCP: its gate, exit 1);
     with the plugin, refused, naming the verify."""
-    evidence = "proven on CPU against a one-rank reference (test/numerics/verify_dcp.py), not yet run on a GPU"
+    evidence = "proven on CPU against a one-rank reference (tools/mla/verify_dcp.py), not yet run on a GPU"
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer", env=OFF)
     if TREE in SERIES_TREES:

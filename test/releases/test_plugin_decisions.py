@@ -13,12 +13,13 @@ import io
 
 import pytest
 
-from sglang_dcp_dspark import hooks, passes
-from sglang_dcp_dspark.compat import locate_tree, parse_version
-from sglang_dcp_dspark.hooks import kv_cache_builder as kv_cache_hooks
-from sglang_dcp_dspark.hooks import scheduler as scheduler_hooks
-from sglang_dcp_dspark.hooks import server_args as server_args_hooks
-from sglang_dcp_dspark.hooks._common import Verdict
+from sglang_dcp_dspark import passes
+from sglang_dcp_dspark.core.compat import locate_tree, parse_version
+from sglang_dcp_dspark.plugin import hooks
+from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
+from sglang_dcp_dspark.plugin.hooks import server_args as server_args_hooks
+from sglang_dcp_dspark.plugin.hooks._common import Verdict
 from tree_table import TREES
 from trees import TREE
 
@@ -87,7 +88,7 @@ def test_what_each_hook_needs_on_this_release(verdicts):
 
 def test_status_says_what_the_judges_decided(verdicts, monkeypatch):
     from sglang_dcp_dspark.__main__ import main
-    from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+    from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 
     for name in (SWITCH_ENV, WHITELIST_ENV):
         monkeypatch.delenv(name, raising=False)

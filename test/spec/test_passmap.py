@@ -1,4 +1,4 @@
-"""The pass map (test/spec/passmap.py): fresh for this run's tree, and able to see a wrong row.
+"""The pass map (tools/passmap/generate.py): fresh for this run's tree, and able to see a wrong row.
 
 Each test runs the harness in a child process (Triton's interpreter must be switched on before Triton is
 imported, which an earlier test of the session may already have done), with PYTHONPATH on this run's tree.
@@ -24,9 +24,9 @@ on_a_mapped_tree = pytest.mark.skipif(
     TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang 0.5.17 to 0.5.23 ({', '.join(MAP_TREES)}), not on {TREE}")
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "passmap.py"
 REPO = HERE.parents[1]
-DATA = REPO / "python" / "sglang_dcp_dspark" / "data" / "spec_passes.json"
+SCRIPT = REPO / "tools" / "passmap" / "generate.py"
+DATA = REPO / "tools" / "passmap" / "spec_passes.json"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -95,9 +95,9 @@ def test_fresh_for_this_tree() -> None:
     data = json.loads(DATA.read_text(encoding="utf-8"))
     if not any(c["release"] == release for c in data["cases"]):
         pytest.fail(f"no committed pass-map entries for sglang {release}: run "
-                    f"PYTHONPATH=<tree> python test/spec/passmap.py --write")
+                    f"PYTHONPATH=<tree> python tools/passmap/generate.py --write")
     assert _controls_run()["check"], (f"sglang {release}: the harness measures other verdicts than the committed "
-                                      f"map: run PYTHONPATH=<tree> python test/spec/passmap.py --check / --write")
+                                      f"map: run PYTHONPATH=<tree> python tools/passmap/generate.py --check / --write")
 
 
 def _controls(name: str) -> list[dict]:

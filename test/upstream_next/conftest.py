@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_dcp_dspark import series as series_mod
-from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.core.compat import locate_tree
 from tree_table import TREES, trees_testing
 from trees import TREE, check_label, expected_state, mark_defects
 from trees import expect_fixed as _expect_fixed
@@ -95,7 +95,7 @@ def load_plugin_as_a_scheduler_does() -> dict:
 def _plugin_loaded(tree):
     if not PLUGIN:
         return
-    from sglang_dcp_dspark.hooks._common import Verdict
+    from sglang_dcp_dspark.plugin.hooks._common import Verdict
 
     findings = load_plugin_as_a_scheduler_does()
     got = {t: findings[t].verdict.value if t in findings else "not judged" for t in PLUGIN_TARGETS}

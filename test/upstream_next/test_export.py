@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import shutil
 
-from sglang_dcp_dspark import patching
-from sglang_dcp_dspark.compat import locate_tree
+from sglang_dcp_dspark.core.compat import locate_tree
+from sglang_dcp_dspark.series import patching
 
 from .conftest import TREE_DIRS, series_only
 

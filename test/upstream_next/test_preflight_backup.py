@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark import preflight
+from sglang_dcp_dspark.preflight import check as preflight
 from trees import TREE, load_bench
 
 from .conftest import PLUGIN, series_only

@@ -20,8 +20,8 @@ from unittest import mock
 
 import pytest
 
-from sglang_dcp_dspark import rules
-from sglang_dcp_dspark.hooks import _common as hook_common
+from sglang_dcp_dspark.core import rules
+from sglang_dcp_dspark.plugin.hooks import _common as hook_common
 
 from . import pools as P
 
@@ -45,7 +45,7 @@ def _the_split():
 
     finding = plugin.findings.get("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_kv_only_stack")
     if finding is not None and finding.verdict is hook_common.Verdict.NEEDS_FIX:
-        from sglang_dcp_dspark.hooks import hybrid_pool_assembler as carrier
+        from sglang_dcp_dspark.plugin.hooks import hybrid_pool_assembler as carrier
 
         return carrier, "target_hicache_size"
     return None

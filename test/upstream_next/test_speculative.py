@@ -26,8 +26,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_dcp_dspark import passes
-from sglang_dcp_dspark.preflight import DEFAULT_DRAFT, DEFAULT_MODEL
-from sglang_dcp_dspark.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
+from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
 from trees import TREE
 
 # An external MLA draft: a one-layer DeepSeek-V3-shaped stand-in (test/data).
@@ -148,7 +148,7 @@ def test_dspark_with_a_triton_draft_backend_is_refused_and_its_rows_named():
 
 
 def _pools(dcp: int):
-    from sglang_dcp_dspark import sidecar
+    from sglang_dcp_dspark.core import sidecar
 
     rank = sidecar.Rank(dcp, device_rows=64, page_size=16, target_layers=1)
     return rank, sidecar.device_pools(rank)
@@ -168,8 +168,8 @@ def test_the_plan_check_admits_a_striped_packed_draft_and_refuses_the_rest():
     """The plugin's plan check (0009's rule) on sglang's own pools at dcp 2: each refusal is one line naming the pair."""
     from sglang.srt.runtime_context import get_context
 
-    from sglang_dcp_dspark import sidecar
-    from sglang_dcp_dspark.hooks.hybrid_pool_assembler import check_draft_pools
+    from sglang_dcp_dspark.core import sidecar
+    from sglang_dcp_dspark.plugin.hooks.hybrid_pool_assembler import check_draft_pools
 
     rank, pools = _pools(2)
     with sidecar.on_rank(rank):
@@ -191,7 +191,7 @@ def _estimates(dcp: int) -> tuple[int, int, int, int]:
     """sglang's auto-size estimate for a packed and a sidecar plan of one draft, with the target's and the draft's bytes."""
     from sglang.srt.mem_cache import hicache_auto_size
 
-    from sglang_dcp_dspark import sidecar
+    from sglang_dcp_dspark.core import sidecar
 
     rank, pools = _pools(dcp)
     with sidecar.on_rank(rank):
@@ -221,7 +221,7 @@ def test_preflight_prices_a_packed_draft_as_the_plugin_does():
     once saw the plugin's own hook, left the estimate alone, and a NEXTN launch
     was auto-sized as if its packed layer were a sidecar (8 rows per target row).
     """
-    from sglang_dcp_dspark import hooks
+    from sglang_dcp_dspark.plugin import hooks
 
     with hooks.in_effect(hooks.AUTO_SIZE) as found:
         packed, sidecar_estimate, target, stripe = _estimates(8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hostpool
-from sglang_dcp_dspark import draft_paths
+from sglang_dcp_dspark.preflight import draft_paths
 
 DCP_SIZES = (1, 2, 4, 8)
 

@@ -1,0 +1,168 @@
+"""Hook on ``sglang.srt.arg_groups.speculative_hook``: refuse, at argument time, the passes the map shows broken under DCP.
+
+patches/upstream-next 0008 adds the same refusal to 0.5.23's
+``handle_speculative_decoding``, and 0011 the refusal of a plain launch
+(no speculative decoding) whose target passes the map shows broken: fa3 MLA,
+whose decode returns no LSE for the DCP merge. sglang calls
+``handle_speculative_decoding`` for every launch, after the attention
+backends are resolved, so one hook serves both. Stock sglang admits speculative decoding
+under ``--dcp-size > 1`` without HiCache, NEXTN included, though on the
+releases the pass map covers (:mod:`..passes`, docs/spec-under-dcp.md) the
+verify on an MLA model served by flashinfer or fa3 plans ids past the rank's
+pool (every algorithm), a NextN draft's own passes read untranslated rows, and
+a DSPARK draft on the Triton backend reads other rows. The AROUND hook runs
+sglang's own resolution first, then asks the map about the launch as
+resolved, and raises one ValueError line, as sglang's own argument checks do.
+The check also goes into sglang's module under 0008's name, so code and tests
+written for the series call it there. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
+turns it off with the rest of the plugin.
+
+The judge reads the map, not the version: a release the map does not cover
+is left alone, and so is one whose mapped passes are all consistent.
+
+Where the target verify on flashinfer MLA is planned per draft token (the
+plugin's :mod:`.flashinfer_mla_backend` hooks apply to the release, or its
+code carries upstream-next 0012), the verify is judged on the map's readings
+with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
+drafts are admitted there, as 0013 admits them; the target's own NextN layer
+as draft and a draft tree (topk > 1) are refused in 0013's words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._common import Finding, Verdict, first_call
+
+MODULE = "sglang.srt.arg_groups.speculative_hook"
+SPECULATIVE = f"{MODULE}.handle_speculative_decoding"
+# The name 0008 gives the check in sglang's module; the plugin puts its own there under it (``declare_check``).
+CHECK = "_check_speculative_passes_under_dcp"
+
+
+def _installed_version() -> str | None:
+    from ...core.compat import installed_sglang_version
+
+    return installed_sglang_version()
+
+
+def passes_verdict(original: Callable | None = None) -> Finding:
+    """Does the map show a launch kind this release admits under DCP whose passes crash or read other rows?"""
+    from ... import passes
+
+    module = _module()
+    if getattr(getattr(module, CHECK, None), "__module__", None) == MODULE:  # the series' own, not ours
+        return Finding(SPECULATIVE, Verdict.FIXED, "the release refuses the broken passes under DCP itself (upstream-next 0008)")
+    version = _installed_version() or "unknown"
+    release = passes.release_key(version)
+    if release not in passes.releases():
+        return Finding(SPECULATIVE, Verdict.OUT_OF_SCOPE, f"the pass map does not cover sglang {version}")
+    if not passes.measured(release):
+        return Finding(SPECULATIVE, Verdict.OUT_OF_SCOPE, f"the pass map ran no pass on sglang {release} yet")
+    broken = passes.broken_kinds(release)
+    if not broken:
+        return Finding(SPECULATIVE, Verdict.FIXED, f"every pass the map ran on sglang {release} reads the rows it wrote")
+    return Finding(SPECULATIVE, Verdict.NEEDS_FIX,
+                   f"under DCP the pass map shows {', '.join(broken)} crashing or reading other rows on sglang {release}")
+
+
+def _module():
+    import importlib
+
+    return importlib.import_module(MODULE)
+
+
+HELPER_HOMES = {"resolving_view": "sglang.srt.arg_groups.overrides", "resolved_view": "sglang.srt.arg_groups.overrides",
+                "attention_backends_of": "sglang.srt.arg_groups.overrides",
+                "use_mla_backend": "sglang.srt.arg_groups.model_override_base"}
+
+
+def _helper(name: str):
+    """One of sglang's resolution helpers, read off sglang's speculative_hook module at call time under the name
+    0008's check uses there (a test that patches it in that module patches it for this check too), else from
+    the module that defines it (0.5.18 imports them inside functions), else None (the release has none)."""
+    import importlib
+
+    found = getattr(_module(), name, None)
+    if found is not None:
+        return found
+    try:
+        return getattr(importlib.import_module(HELPER_HOMES[name]), name, None)
+    except ImportError:
+        return None
+
+
+def _view(server_args):
+    """The launch as sglang resolved it so far: 0.5.19's resolving view where the release has one."""
+    resolving_view = _helper("resolving_view")
+    return server_args if resolving_view is None else resolving_view(server_args)
+
+
+def _uses_mla(server_args) -> bool:
+    use_mla_backend = _helper("use_mla_backend")
+    return bool(server_args.use_mla_backend() if use_mla_backend is None else use_mla_backend(server_args))
+
+
+def _decode_backend(server_args) -> str | None:
+    """The target's decode attention backend as resolved so far (0.5.19's resolved view where the release has one)."""
+    backends_of, resolved_view = _helper("attention_backends_of"), _helper("resolved_view")
+    if backends_of is None or resolved_view is None:
+        return getattr(server_args, "decode_attention_backend", None) or getattr(server_args, "attention_backend", None)
+    return backends_of(resolved_view(server_args))[1]
+
+
+def check_passes_under_dcp(server_args) -> None:
+    """The argument check: one ValueError line for a launch under DCP the map shows broken (0008's check)."""
+    from ... import passes
+
+    view = _view(server_args)
+    dcp = int(getattr(view, "dcp_size", 1) or 1)
+    algorithm = getattr(view, "speculative_algorithm", None)
+    if dcp <= 1:
+        return
+    if algorithm is None:  # a plain launch: the target's own extend and decode (0011's check)
+        line = passes.plain_refusal(_installed_version() or "", dcp=dcp, mla=_uses_mla(server_args),
+                                    target_backend=_decode_backend(server_args))
+        if line is not None:
+            raise ValueError(line)
+        return
+    draft_path = getattr(view, "speculative_draft_model_path", None)
+    target_backend, mla = _decode_backend(server_args), _uses_mla(server_args)
+    line = passes.refusal(
+        _installed_version() or "", str(algorithm), dcp=dcp,
+        own_layer=draft_path in (None, getattr(view, "model_path", None)), mla=mla, target_backend=target_backend,
+        draft_backend=getattr(view, "speculative_draft_attention_backend", None),
+        verify_fix=_verify_fix(target_backend, mla), topk=int(getattr(view, "speculative_eagle_topk", None) or 1),
+    )
+    if line is not None:
+        raise ValueError(line)
+
+
+def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
+    """The per-draft-token verify on flashinfer MLA, where the plugin's hooks (this check is the plugin's) or the
+    release's code carry it; only a flashinfer MLA target asks."""
+    if target_backend != "flashinfer" or not mla:
+        return None
+    from . import verify_fix
+
+    return verify_fix(plugin_on=True)
+
+
+def declare_check() -> None:
+    """Put the check in sglang's module under 0008's name, beside the helper it reads there (``use_mla_backend``,
+    which 0008 imports into that module), so code and tests written for the series find both."""
+    module = _module()
+    if getattr(module, CHECK, None) is None:
+        setattr(module, CHECK, check_passes_under_dcp)
+    if not hasattr(module, "use_mla_backend"):
+        use_mla_backend = _helper("use_mla_backend")
+        if use_mla_backend is not None:  # a release without it: the server args answer it themselves
+            module.use_mla_backend = use_mla_backend
+
+
+def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
+    """AROUND hook for ``handle_speculative_decoding(server_args)``: sglang's resolution, then the map's refusal."""
+    first_call()
+    result = original(server_args, *args, **kwargs)
+    check_passes_under_dcp(server_args)
+    return result
