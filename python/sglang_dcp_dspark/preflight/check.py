@@ -367,7 +367,6 @@ def verdict_of(code: int, detail: str) -> dict:
 
 
 @launch_mod.kernels_uncompiled
-@launch_mod.terminal_size_once
 def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *, variants: bool = False) -> dict:
     """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM."""
     paths = configs["paths"]

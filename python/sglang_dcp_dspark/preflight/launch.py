@@ -278,26 +278,6 @@ def kernels_uncompiled(fn):
     return uncompiled
 
 
-def terminal_size_once(fn):
-    """Run ``fn`` with ``shutil.get_terminal_size`` answered once, from the first call's answer.
-
-    argparse asks it for every argument it adds, and sglang's parser has
-    hundreds; preflight builds that parser three times per launch (its own
-    parse, then sglang's ``prepare_server_args``, stock and with the plugin),
-    and each query costs a failed terminal probe where stdout is not a
-    terminal. The answer cannot change within a judgement.
-    """
-    @functools.wraps(fn)
-    def sized_once(*args, **kwargs):
-        import shutil
-
-        size = shutil.get_terminal_size()
-        with swap.attribute(shutil, "get_terminal_size", lambda fallback=None: size):
-            return fn(*args, **kwargs)
-
-    return sized_once
-
-
 def import_sglang() -> None:
     with about_this_machine_quiet():
         # Before any probe is patched: these modules decide at import time whether
