@@ -23,7 +23,11 @@ machine's load hits them alike; figures are medians over the rounds. Each
 row gives the process's wall time, its CPU time (user + system, less moved
 by other jobs on the machine) and, for preflight, the seconds (wall and CPU)
 spent inside ``preflight.judge()`` (timed in the child), which separate the judgements'
-own cost from the import's. The load average is printed with the figures.
+own cost from the import's; and, for one judgement, where its time goes by stage
+(``prepare``: the configs, the sglang modules a judgement needs beyond the bare
+import and the release adapter; then sglang's own resolution, the series a tree
+carries, the pass map, the models and the host pools). The load average is
+printed with the figures.
 
 Targets, all from figures measured in the same run:
 
@@ -94,13 +98,40 @@ def judge(*args, **kwargs):
         _spent.append(time.perf_counter() - start)
         _cpu.append(time.process_time() - cpu)
 preflight.judge = judge
+# Where the time goes: wall seconds in each stage, by the module-level names judge() and run() call.
+import json
+_stages = {}
+# torch first, timed on its own: sglang's import starts with it, and preflight's package imports it too.
+_start = time.perf_counter()
+import torch
+_stages["torch"] = time.perf_counter() - _start
+def _timed(module, name):
+    fn = getattr(module, name)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _stages[name] = _stages.get(name, 0.0) + time.perf_counter() - start
+    setattr(module, name, timed)
+from sglang_dcp_dspark.preflight import launch as _launch
+_timed(_launch, "import_sglang")
+for _name in STAGES[2:]:
+    _timed(preflight, _name)
 from sglang_dcp_dspark.__main__ import main
 try:
     code = main(sys.argv[1:])
 finally:
     print(f"JUDGE_SECONDS {sum(_spent)!r} {sum(_cpu)!r} {len(_spent)}", file=sys.stderr, flush=True)
+    print("STAGE_SECONDS " + json.dumps(_stages), file=sys.stderr, flush=True)
 sys.exit(code)
 """
+# preflight's stages, timed in the child: the sglang modules a judgement needs (server_args, which the bare import
+# times alone, and ModelConfig's and the quantization modules), the rest of prepare (preflight's input, the configs,
+# the release adapter), then inside judge(): sglang's resolution (stock and with the plugin), the series a tree
+# carries, the pass map, the models and the host pools (with the plugin's hooks judged on the release's code).
+STAGES = ("torch", "import_sglang", "prepare", "resolve", "_applied_series", "judge_passes", "read_models", "size_pools")
+PREFLIGHT_CHILD = f"STAGES = {STAGES!r}\n" + PREFLIGHT_CHILD
 
 IMPORT_CHILD = """
 import sglang.srt.server_args
@@ -139,9 +170,10 @@ def measure(argv: list[str], env: dict, label: str) -> dict:
     if code not in VERDICTS:  # a preflight verdict, not a crash or bad input
         raise Failed(f"{label}: exited {code}: {stderr.strip()[-800:]}")
     judge = [ln.split() for ln in stderr.splitlines() if ln.startswith("JUDGE_SECONDS ")]
+    stages = [json.loads(ln.split(" ", 1)[1]) for ln in stderr.splitlines() if ln.startswith("STAGE_SECONDS ")]
     return {"exit": code, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,
             "judge_s": float(judge[-1][1]) if judge else None, "judge_cpu_s": float(judge[-1][2]) if judge else None,
-            "judgements": int(judge[-1][3]) if judge else 0,
+            "judgements": int(judge[-1][3]) if judge else 0, "stages": stages[-1] if stages else {},
             "stdout": stdout}
 
 
@@ -223,6 +255,8 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
                      "judge_s": statistics.median(r["judge_s"] for r in rs) if rs[0]["judge_s"] is not None else None,
                      "judge_cpu_s": statistics.median(r["judge_cpu_s"] for r in rs) if rs[0]["judge_s"] is not None else None,
                      "judgements": rs[0]["judgements"],
+                     "stages": {name: statistics.median(r["stages"].get(name, 0.0) for r in rs) for name in STAGES}
+                     if rs[0]["stages"] else None,
                      "wall_runs": [round(r["wall_s"], 2) for r in rs], "rss_runs": [r["peak_rss"] for r in rs]})
     by = {r["key"]: r for r in rows}
     scaled = [by[f"x{s}"]["peak_rss"] for s in SCALES]
@@ -307,6 +341,17 @@ def render(result: dict) -> str:
                f"({result['sweep_per_added_value_judge_cpu_s']:+.2f} s CPU) per added value "
                f"({result['judge_s_per_sweep_value']:.2f} s per sweep value, which adds the chart's setups, vs "
                f"{next(r for r in result['rows'] if r['key'] == 'x1')['judge_s']:.2f} s for one judgement)")
+    one = next(r for r in result["rows"] if r["key"] == "x1")
+    over = one["wall_s"] - next(r for r in result["rows"] if r["key"] == "import")["wall_s"]
+    stages = dict(one.get("stages") or {})
+    if stages:
+        imported = stages.pop("import_sglang")
+        stages["prepare"] -= imported  # prepare calls import_sglang; the rest is the configs and the adapter
+        out.append(f"where one judgement's time goes (medians, wall; {over:+.2f} s over the bare import in all): "
+                   f"torch {stages.pop('torch'):.2f} s, import_sglang {imported:.2f} s (server_args, ModelConfig, "
+                   f"quantization), the rest of prepare {stages.pop('prepare'):.2f} s (the configs; the release "
+                   "adapter, which imports the sglang modules it asks), then in judge(): "
+                   + ", ".join(f"{name.strip('_')} {stages[name]:.2f} s" for name in STAGES[3:]))
     return "\n".join(out)
 
 

@@ -28,6 +28,7 @@ FRESHNESS = {
     "releases": "test/releases/test_docs.py",
     "draft-layouts": "test/datapath/test_layouts.py",
     "auto-size": "test/test_docs.py",
+    "hook-index": "test/test_docs.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
 SLOW = ("host-memory", "auto-size")
@@ -50,6 +51,22 @@ def test_every_generated_block_has_a_freshness_test():
 def test_tree_tables_are_fresh(name, series):
     """The docs' tree tables are patches/trees.json's (the states themselves: test/test_tree_table.py)."""
     docblocks.check(name, tree_table.markdown(series))
+
+
+def test_the_hook_index_is_the_tables():
+    """docs/patches.md's hook index is what the carriers declare now (tools/hook_index.py)."""
+    import hook_index
+    from sglang_dcp_dspark.plugin import hooks
+
+    docblocks.check("hook-index", hook_index.markdown(hooks.HOOKS))
+    # It can fail: an entry whose reason changes makes the committed block stale.
+    changed = list(hooks.HOOKS)
+    first = changed[0]
+    changed[0] = hooks.Hook(module=first.module, target=first.target, judge=first.judge, hook=first.hook, does=first.does,
+                            why=first.why + " (changed)", upstream=first.upstream, drop_when=first.drop_when,
+                            series_patch=first.series_patch)
+    with pytest.raises(AssertionError, match="hook-index block is stale"):
+        docblocks.check("hook-index", hook_index.markdown(changed))
 
 
 @pytest.mark.parametrize("name", SLOW)

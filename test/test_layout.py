@@ -156,3 +156,32 @@ def test_a_new_cycle_is_caught():
     found = cycles(graph(extra={"core.sizing": (PACKAGE / "core" / "sizing.py").read_text(encoding="utf-8")
                                 + "\nfrom . import pools\n"}))
     assert any({"core.sizing", "core.pools"} <= set(c) for c in found), found
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def untested(package: Path = PACKAGE, tests: Path = TESTS) -> list[str]:
+    """Package modules with code that no test module imports by name (an empty ``__init__`` has nothing to test)."""
+    files = modules(package)
+    known = set(files)
+    reached = set()
+    for path in sorted(tests.rglob("test_*.py")):
+        reached |= imports("", path.read_text(encoding="utf-8"), known, True)
+    return sorted(name for name, path in files.items()
+                  if name and name not in reached and path.read_text(encoding="utf-8").strip())
+
+
+def test_every_module_has_a_test_module_that_imports_it():
+    """test/ mirrors the package: a module is tested by a test module that imports it, not only through another."""
+    assert untested() == [], "modules no test imports; fix: add a test module for each (test/<package>/test_<module>.py)"
+
+
+def test_a_module_without_a_test_is_caught(tmp_path):
+    # Control: the same tests against a package with one more module, which none of them imports.
+    import shutil
+
+    copy = tmp_path / "sglang_dcp_dspark"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("*.pyc", "__pycache__", "*.json.gz", "data"))
+    (copy / "core" / "stray.py").write_text("VALUE = 1\n")
+    assert untested(copy) == ["core.stray"]

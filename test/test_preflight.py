@@ -304,10 +304,11 @@ def test_hicache_size_that_does_not_fit_exits_3(capsys):
 
 def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
     """A draft registration that leaves the draft short of the logical slots (e.g. shadowed by another plugin) stops at startup."""
-    from sglang_dcp_dspark.plugin.hooks import kv_cache_builder
+    from sglang_dcp_dspark.plugin.hooks import BY_TARGET, kv_cache_builder
 
     # The hook in the plugin's table, which preflight runs: replaced by one that sizes nothing.
-    monkeypatch.setattr(kv_cache_builder, "size_draft_from_logical", lambda original, *args, **kwargs: original(*args, **kwargs))
+    monkeypatch.setattr(BY_TARGET[kv_cache_builder.DRAFT_REGISTRATION], "hook",
+                        lambda original, *args, **kwargs: original(*args, **kwargs))
     assert main(["preflight", "--json", "--device-rows", "1024"]) == 3
     report = json.loads(capsys.readouterr().out)
     assert report["sizing"]["draft_coverage"] < 1
@@ -317,7 +318,7 @@ def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
 
 def test_preflight_resolves_through_the_plugins_own_resolver_hook(capsys, monkeypatch):
     """A hook in the plugin's table is what preflight runs: here the resolver hook, seen being called."""
-    from sglang_dcp_dspark.plugin.hooks import server_args
+    from sglang_dcp_dspark.plugin.hooks import BY_TARGET, server_args
 
     real, seen = server_args.admit_dspark, []
 
@@ -325,7 +326,7 @@ def test_preflight_resolves_through_the_plugins_own_resolver_hook(capsys, monkey
         seen.append(args.speculative_algorithm)
         return real(original, args, *rest, **kwargs)
 
-    monkeypatch.setattr(server_args, "admit_dspark", spy)
+    monkeypatch.setattr(BY_TARGET[server_args.RESOLVER], "hook", spy)
     assert main(["preflight", "--device-rows", "1024"]) != 1  # admitted: the hook let DSPARK through
     assert seen == ["DSPARK"]  # once, in the resolution with the plugin; the stock one runs sglang alone
 
@@ -544,26 +545,28 @@ def sweeps():
 
 def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
     result = sweeps["preflight-sweep-dcp.png"]
-    assert [r["value"] for r in result["rows"]] == ["1", "2", "4", "8"] and result["flag"] == "--dcp-size"
-    for row in result["rows"]:
+    assert [r.value for r in result.rows] == ["1", "2", "4", "8"] and result.flag == "--dcp-size"
+    for row in result.rows:
         # without DCP nothing is left unchecked; under DCP cutedsl_mla's passes are
-        assert row["report"]["verdict"]["code"] == (0 if row["value"] == "1" else UNCHECKED)
-        assert row["report"]["sizing"]["dcp_size"] == int(row["value"])
-        setups = row["variants"]
+        assert row.report.verdict.code == (0 if row.value == "1" else UNCHECKED)
+        assert row.report.sizing.dcp_size == int(row.value)
+        setups = row.variants
         assert list(setups) == ["stock", "0.5.18+", "budgeted", "sharded"]
         # Stock 0.5.17's short draft and the sharded stripe both hold about one draft row per target row
         # (the stock draft rounds up past its last page, of 64 rows on cutedsl_mla).
-        assert setups["stock"]["per_node"] == pytest.approx(setups["sharded"]["per_node"], rel=1e-5)
-        assert setups["sharded"]["per_node"] <= setups["0.5.18+"]["per_node"]
-        assert setups["budgeted"]["per_node"] == setups["0.5.18+"]["per_node"]  # no --hicache-size: nothing to share
-        assert setups["sharded"]["from"].startswith("model")  # 0.5.17 has no sharded backup to build it with
-    per_node = [r["variants"]["0.5.18+"]["per_node"] for r in result["rows"]]
+        assert setups["stock"].per_node == pytest.approx(setups["sharded"].per_node, rel=1e-5)
+        assert setups["sharded"].per_node <= setups["0.5.18+"].per_node
+        assert setups["budgeted"].per_node == setups["0.5.18+"].per_node  # no --hicache-size: nothing to share
+        assert setups["sharded"].source.startswith("model")  # 0.5.17 has no sharded backup to build it with
+    # the worst row's verdict is the sweep's
+    assert result.verdict.code == UNCHECKED
+    per_node = [r.variants["0.5.18+"].per_node for r in result.rows]
     assert per_node == sorted(per_node) and per_node[0] < per_node[-1]  # the replicated draft grows with dcp
     budgeted = sweeps["preflight-sweep-dcp-hicache-size.png"]
-    for row in budgeted["rows"]:
-        setups = row["variants"]
-        assert setups["budgeted"]["per_node"] < setups["0.5.18+"]["per_node"] or row["value"] == "1"
-        assert setups["budgeted"]["per_node"] <= 8 * 100e9 + 8 * 80_000  # the budget holds target and draft (a page over)
+    for row in budgeted.rows:
+        setups = row.variants
+        assert setups["budgeted"].per_node < setups["0.5.18+"].per_node or row.value == "1"
+        assert setups["budgeted"].per_node <= 8 * 100e9 + 8 * 80_000  # the budget holds target and draft (a page over)
 
 
 def test_the_sweep_block_and_the_charts_are_fresh(sweeps, tmp_path):

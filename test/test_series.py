@@ -239,3 +239,15 @@ def test_no_sglang_tree_at_target(tmp_path, capsys):
 def test_unknown_series(sparse_tree, capsys):
     assert cli("apply", "--target", str(sparse_tree.root), "--series", "nope") == 2
     assert "unknown series 'nope'" in one_error_line(capsys)
+
+
+def test_applied_to_names_the_series_a_tree_carries(sparse_tree, monkeypatch):
+    """What preflight names as "applied" on a tree: the backport after apply, nothing before; a series whose
+    applies-to excludes the tree's release is not asked of git (apply refuses such a tree)."""
+    asked = []
+    inspect = patching.inspect
+    monkeypatch.setattr(patching, "inspect", lambda tree, s: asked.append(s.name) or inspect(tree, s))
+    assert series_mod.applied_to(sparse_tree) == []
+    assert asked == [SERIES]  # upstream-next (==0.5.23) and upstream-pr-35221 (0.5.18) target other releases
+    patching.apply(sparse_tree, series_mod.load_series(SERIES))
+    assert series_mod.applied_to(sparse_tree) == [SERIES]

@@ -34,26 +34,26 @@ def reports() -> dict:
     return out
 
 
-def _draft(report: dict) -> dict:
-    return next(p for p in report["sizing"]["pools"] if p["role"] == "draft")
+def _draft(report):
+    return next(p for p in report.sizing.pools if p.role == "draft")
 
 
-def _target(report: dict) -> dict:
-    return next(p for p in report["sizing"]["pools"] if p["role"] == "target")
+def _target(report):
+    return report.sizing.target
 
 
 def test_the_launch_is_sized_with_the_backup_it_names(reports):
     replicated, sharded = reports["replicated"], reports["sharded"]
-    assert replicated["resolved"]["hicache_draft_backup"] == "replicated"
-    assert sharded["resolved"]["hicache_draft_backup"] == "sharded"
-    dcp = sharded["sizing"]["dcp_size"]
+    assert replicated.resolved["hicache_draft_backup"] == "replicated"
+    assert sharded.resolved["hicache_draft_backup"] == "sharded"
+    dcp = sharded.sizing.dcp_size
     # replicated: one draft row per logical slot; sharded: one stripe, the target's rows
-    assert _draft(replicated)["rows"] == dcp * _target(replicated)["rows"]
-    assert _draft(sharded)["rows"] == _target(sharded)["rows"]
-    assert sharded["sizing"]["host_ram"]["needed_per_rank"] < replicated["sizing"]["host_ram"]["needed_per_rank"]
+    assert _draft(replicated).rows == dcp * _target(replicated).rows
+    assert _draft(sharded).rows == _target(sharded).rows
+    assert sharded.sizing.host_ram.needed_per_rank < replicated.sizing.host_ram.needed_per_rank
     # the side-by-side figures agree with the pools the verdict is about
-    assert sharded["sizing"]["backups"]["sharded"]["pools"] == sharded["sizing"]["pools"]
-    assert replicated["sizing"]["backups"]["replicated"]["pools"] == replicated["sizing"]["pools"]
+    assert sharded.sizing.backups["sharded"].pools == sharded.sizing.pools
+    assert replicated.sizing.backups["replicated"].pools == replicated.sizing.pools
 
 
 def test_the_sharded_figure_is_the_benchs(reports):
@@ -62,5 +62,5 @@ def test_the_sharded_figure_is_the_benchs(reports):
     gain = load_bench("sharded_draft").fixed_budget_gain(8)
     assert gain["draft_host_rows_at_budget_sharded"] == gain["target_host_rows_sharded"]
     sharded = reports["sharded"]
-    assert _draft(sharded)["rows"] / _target(sharded)["rows"] == (
+    assert _draft(sharded).rows / _target(sharded).rows == (
         gain["draft_host_rows_at_budget_sharded"] / gain["target_host_rows_sharded"])

@@ -8,6 +8,7 @@ verdict's (a sweep exits with its worst).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -15,7 +16,6 @@ from ..core.errors import DcpDsparkError
 from ..preflight import check as preflight
 from ..preflight import gpus
 from ..preflight import sweep as sweep_mod
-from ..preflight import verdict as verdict_mod
 from ..preflight.launch import FIX_PREFLIGHT, Node
 
 
@@ -60,21 +60,19 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             result = sweep_mod.sweep(launch, node, rows, args.sweep[0], progress=_progress)
             if args.plot:
-                result["plot"] = report_mod.plot(result, args.plot)
-            worst = verdict_mod.worst(r["report"]["verdict"]["code"] for r in result["rows"])
-            # The sweep's own verdict: its worst row's, which is also its exit code.
-            result["verdict"] = next(r["report"]["verdict"] for r in result["rows"] if r["report"]["verdict"]["code"] == worst)
-            print(json.dumps(result, indent=2, default=str) if args.json else report_mod.render_sweep(result))
-            return worst
+                result = dataclasses.replace(result, plot=report_mod.plot(result, args.plot))
+            # The sweep's own verdict is its worst row's, and so is its exit code.
+            print(json.dumps(result.as_dict(), indent=2, default=str) if args.json else report_mod.render_sweep(result))
+            return result.verdict.code
         report = preflight.run(launch, node, device_rows=rows)
     except DcpDsparkError as exc:
         if args.json:
             # The same verdict on stdout for a script; the one-line error still goes to stderr.
-            print(json.dumps({"verdict": preflight.verdict_of(exc.exit_code, str(exc)), "error": str(exc)}, indent=2))
+            print(json.dumps({"verdict": preflight.verdict_of(exc.exit_code, str(exc)).as_dict(), "error": str(exc)}, indent=2))
             exc.reported = True  # main prints the error line only
         raise
-    print(json.dumps(report, indent=2, default=str) if args.json else report_mod.render(report))
-    return report["verdict"]["code"]
+    print(json.dumps(report.as_dict(), indent=2, default=str) if args.json else report_mod.render(report))
+    return report.verdict.code
 
 
 def add_parser(sub) -> None:

@@ -193,11 +193,10 @@ def _hook_module(module: str, late: bool) -> None:
 
 
 def _hook_from_table(hook: Hook, late: bool) -> None:
-    # The judge and the hooks are looked up now, when sglang imports the module;
-    # this runs inside that import, so nothing may escape.
+    # The entry is judged now, when sglang imports the module; this runs inside
+    # that import, so nothing may escape.
     if not _exists(hook.target):
-        # Nothing to hook, and nothing a check-only hook could sit on: said without
-        # importing the carrier, so a release that needs none of an entry pays nothing for it.
+        # Nothing to hook, and nothing a check-only hook could sit on: said without running the judge.
         from .hooks._common import Finding, Verdict
 
         owner, name = hook.target.rsplit(".", 1)

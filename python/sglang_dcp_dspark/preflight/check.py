@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import io
 import math
@@ -43,7 +44,7 @@ from ..core import rules, swap
 from ..core.compat import version_at_least
 from ..core.errors import DcpDsparkError
 from ..plugin import hooks as hooks_mod
-from . import hostram
+from . import hostram, result
 from . import launch as launch_mod
 from . import models as models_mod
 from . import verdict as verdict_mod
@@ -267,20 +268,13 @@ def _same(a, b) -> bool:
     return a is b or ([p.size for p in a.pools] == [p.size for p in b.pools] and a.startup_error == b.startup_error)
 
 
-def _pool_rows(built, ranks: int) -> list[dict]:
-    return [{"name": p.name, "role": p.role, "built_by": p.built_by, "rows": p.size.rows,
-             "logical_slots": p.size.logical_slots, "page_size": p.size.page_size,
-             "bytes_per_token": p.size.bytes_per_token, "bytes": p.size.bytes, "per_node_bytes": p.size.bytes * ranks}
-            for p in built.pools]
-
-
 def size_pools(release, la, models, node: Node, device_rows: int | None, *, plugin_on: bool, stock_la=None,
-               variants: bool = False) -> dict:
+               variants: bool = False) -> result.Sizing | result.NoPools:
     """Rank 0's host pools as the launch runs them, and as stock sglang would build them, with the RAM they need."""
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
     if not la.enable_hierarchical_cache:
-        return {"skipped": "HiCache is off (no --enable-hierarchical-cache): no host pools to size"}
+        return result.NoPools("HiCache is off (no --enable-hierarchical-cache): no host pools to size")
     rows, note, estimated, most = _device_rows(la, models, node, device_rows)
     available, available_from = _available(node)
     ranks = rules.ranks_per_node(la.tp_size, la.pp_size, la.nnodes)
@@ -295,38 +289,30 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
             for mode in ("replicated", "sharded"):
                 other = built if mode == la.hicache_draft_backup else release.build(la, models, rows, hooked=plugin_on,
                                                                                        host_ram=available, backup=mode)
-                backups[mode] = {"pools": _pool_rows(other, ranks), "per_rank": other.bytes, "per_node": other.bytes * ranks,
-                                 "target_logical_slots": other.target.logical_slots if other.target else None,
-                                 "startup_error": other.startup_error}
+                backups[mode] = result.Backup(result.Pool.of(other, ranks), other.bytes, other.bytes * ranks,
+                                              other.target.logical_slots if other.target else None, other.startup_error)
         chart = _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) if variants else None
     ram = hostram.judge(built, ranks_per_node=ranks, available=available, available_from=available_from,
                         reserve=HICACHE_HOST_MEMORY_RESERVE_BYTES, hicache_size_gb=la.hicache_size, estimated_rows=estimated)
     stock_cov = None
     if stock.target is not None and stock.draft is not None and stock.draft_plan != "PACKED":
         stock_cov = rules.coverage(stock.draft.logical_slots, stock.target.logical_slots)
-    return {
-        "device_rows": rows, "device_rows_note": note, "device_rows_estimated": estimated, "device_rows_max": most,
-        "dcp_size": la.dcp_size, "page_size": la.page_size, "logical_page_size": la.logical_page_size,
-        "target_kv": kv_fields(models.target), "draft_kv": kv_fields(models.draft),
-        "draft_architecture": models.draft_architecture,
-        "ranks_per_node": ranks,
-        "draft_plan": built.draft_plan, "draft_path": built.draft_path,
-        "hicache_ratio": built.hicache_ratio, "auto_sized_from": built.auto_sized_from,
-        "target_hicache_size": built.target_hicache_size,
-        "pools": _pool_rows(built, ranks),
-        # Left out where stock sglang builds exactly what runs (nothing of the plugin's applies).
-        "stock_pools": None if _same(stock, built) else _pool_rows(stock, ranks),
-        "stock_startup_error": None if _same(stock, built) else stock.startup_error,
-        "draft_coverage": ram.coverage, "draft_coverage_stock": stock_cov,
-        "backups": backups or None,
-        "variants": chart,
-        "host_ram": {
-            "needed_per_rank": ram.needed_per_rank, "needed_per_node": ram.needed_per_node,
-            "budget_per_rank": ram.budget_per_rank, "available": available, "available_from": available_from,
-            "reserve": HICACHE_HOST_MEMORY_RESERVE_BYTES, "fits": ram.fits, "startup_error": ram.startup_error,
-        },
-        "startup_stops": ram.stops,
-    }
+    # The stock figures are left out where stock sglang builds exactly what runs (nothing of the plugin's applies).
+    same = _same(stock, built)
+    return result.Sizing(
+        device_rows=rows, device_rows_note=note, device_rows_estimated=estimated, device_rows_max=most,
+        dcp_size=la.dcp_size, page_size=la.page_size, logical_page_size=la.logical_page_size,
+        target_kv=kv_fields(models.target), draft_kv=kv_fields(models.draft),
+        draft_architecture=models.draft_architecture, ranks_per_node=ranks,
+        draft_plan=built.draft_plan, draft_path=built.draft_path,
+        hicache_ratio=built.hicache_ratio, auto_sized_from=built.auto_sized_from,
+        target_hicache_size=built.target_hicache_size,
+        pools=result.Pool.of(built, ranks),
+        stock_pools=None if same else result.Pool.of(stock, ranks),
+        stock_startup_error=None if same else stock.startup_error,
+        draft_coverage=ram.coverage, draft_coverage_stock=stock_cov,
+        backups=backups or None, variants=chart, host_ram=ram,
+    )
 
 
 def _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) -> dict | None:
@@ -338,14 +324,13 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
     classes = f"sglang {release.version}'s classes"
 
     def entry(b, source=classes):
-        return {"per_node": b.bytes * ranks if b.pools else None, "from": source, "startup_error": b.startup_error}
+        return result.Setup(b.bytes * ranks if b.pools else None, source, b.startup_error)
 
     with swap.environ(**{UNBUDGETED_ENV: "1"}):
         unbudgeted = release.build(la, models, rows, hooked=plugin_on, host_ram=available)
     out = {"stock": entry(stock), "0.5.18+": entry(unbudgeted), "budgeted": entry(built)}
     if "sharded" in backups:
-        out["sharded"] = {"per_node": backups["sharded"]["per_node"], "from": classes,
-                          "startup_error": backups["sharded"]["startup_error"]}
+        out["sharded"] = result.Setup(backups["sharded"].per_node, classes, backups["sharded"].startup_error)
     elif unbudgeted.target is not None and unbudgeted.draft is not None:
         # A model of patches/upstream-next 0005-0006 where the tree does not carry them: each rank keeps
         # one DCP stripe of the draft, one draft row per target row; --hicache-size splits t / (t + d).
@@ -354,20 +339,20 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
             target_rows=t.rows, target_bytes_per_token=t.bytes_per_token, draft_bytes_per_token=d.bytes_per_token,
             page_size=t.page_size, extra_bytes=sum(p.size.bytes for p in unbudgeted.pools if p.role == "extra"),
             hicache_size_gb=la.hicache_size)
-        out["sharded"] = {"per_node": per_rank * ranks, "from": "model: one draft stripe per rank (upstream-next 0005-0006)",
-                          "startup_error": None}
+        out["sharded"] = result.Setup(per_rank * ranks, "model: one draft stripe per rank (upstream-next 0005-0006)", None)
     return out
 
 
 # ---------------------------------------------------------------- one judgement
 
 
-def verdict_of(code: int, detail: str) -> dict:
-    return verdict_mod.Verdict(code, detail).as_dict()
+def verdict_of(code: int, detail: str) -> verdict_mod.Verdict:
+    return verdict_mod.Verdict(code, detail)
 
 
 @launch_mod.kernels_uncompiled
-def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *, variants: bool = False) -> dict:
+def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *,
+          variants: bool = False) -> result.Report:
     """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM."""
     paths = configs["paths"]
     _parse_launch(argv)
@@ -375,23 +360,16 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     stock = resolve(release, argv, node, paths, hooked=False)
     fixed = resolve(release, argv, node, paths, hooked=True)
     as_run = fixed if state.enabled else stock
-    report = {
-        "release": {"sglang": release.version, "adapter": type(release).__module__.rsplit(".", 1)[1],
-                    "family_since": release.first, "changes": list(release.changes),
-                    "series_applied": _applied_series()},
-        "launch": argv,
-        "node": vars(node) | {"capability": list(node.capability)},
-        "plugin": {"enabled": state.enabled, "reason": state.reason, "hooks": release.decisions()},
-        "stock": {"passed": stock.passed, "message": stock.message},
-        "with_plugin": {"passed": fixed.passed, "message": fixed.message},
-        "passed": as_run.passed,
-        "message": as_run.message,
-        "sglang_warnings": as_run.warnings,
-    }
     resolved = as_run.launch or fixed.launch or stock.launch
     judged = judge_passes(release, argv, configs, resolved, plugin_on=state.enabled)
-    report["attention_backends"] = _backends(resolved, argv, node)
-    report["passes"] = judged.as_dict()
+    facts = dict(
+        release=result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
+                               tuple(release.changes), tuple(_applied_series())),
+        launch=tuple(argv), node=node,
+        stock=result.Outcome(stock.passed, stock.message), with_plugin=result.Outcome(fixed.passed, fixed.message),
+        passed=as_run.passed, message=as_run.message, sglang_warnings=tuple(as_run.warnings),
+        attention_backends=_backends(resolved, argv, node), passes=judged,
+    )
     if not as_run.passed:
         # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
         # got through (stock's, where the plugin refused), are exit 2 whatever the refusal.
@@ -406,40 +384,44 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         who = (f"with the dcp_dspark plugin on, sglang {release.version} rejects the launch"
                if state.enabled and (stock.passed or stock.message != fixed.message)
                else f"sglang {release.version} rejects the launch")
-        report["verdict"] = verdict_of(REJECTED, f"{who}: {as_run.message}{also}")
-        return report
+        return result.Report(**facts, plugin=result.Plugin(state.enabled, state.reason, release.decisions()),
+                             verdict=verdict_of(REJECTED, f"{who}: {as_run.message}{also}"))
     la = as_run.launch
     check_resolved(la, node)
-    report["resolved"] = la.fields()
     models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
-    report["sizing"] = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
-                                  stock_la=stock.launch if stock.passed else la, variants=variants)
-    report["plugin"]["hooks"] = release.decisions()
-    stops = report["sizing"].get("startup_stops", [])
-    report["startup_stops"] = stops
+    sizing = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
+                        stock_la=stock.launch if stock.passed else la, variants=variants)
+    # Read after sizing: the pool builders' hooks decide as the pools are built.
+    plugin = result.Plugin(state.enabled, state.reason, release.decisions())
+    facts.update(plugin=plugin, resolved=la.fields(), sizing=sizing)
+    stops = sizing.startup_stops
     if stops:
-        report["verdict"] = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
+        verdict = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
     elif judged.broken:
-        report["verdict"] = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
-                                                  f"{judged.summary()}{_instead(release, la, judged, node, plugin_on=state.enabled)}")
+        verdict = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
+                                          f"{judged.summary()}{_instead(release, la, judged, node, plugin_on=state.enabled)}")
     elif la.dcp_size > 1 and not judged.mapped:
         unchecked = f"under DCP its passes are unchecked ({judged.why_unmapped})"
-        report["verdict"] = verdict_of(UNCHECKED, verdict_mod.passes_detail(report, unchecked)
-                                       + _instead(release, la, judged, node, plugin_on=state.enabled))
+        verdict = verdict_of(UNCHECKED, _passes_detail(facts, unchecked) + _instead(release, la, judged, node,
+                                                                                      plugin_on=state.enabled))
     else:
-        report["verdict"] = verdict_of(PASSES, verdict_mod.passes_detail(report))
-    return report
+        verdict = verdict_of(PASSES, _passes_detail(facts))
+    return result.Report(**facts, verdict=verdict)
 
 
-def _backends(la, argv: list[str], node: Node) -> dict:
+def _passes_detail(facts: dict, unchecked: str | None = None) -> str:
+    return verdict_mod.passes_detail(facts["release"], facts["stock"], facts["plugin"], facts["passes"], facts["sizing"],
+                                     facts["node"], unchecked)
+
+
+def _backends(la, argv: list[str], node: Node) -> result.Backends:
     """The target's attention backends the launch runs on the emulated node, and where they come from."""
     named = launch_mod.option(argv, "--decode-attention-backend") or launch_mod.option(argv, "--attention-backend")
     prefill, decode = la.attention_backends if la is not None else (None, None)
     source = ("named by the launch" if named else
               f"sglang's own choice for this model on the {node.gpu_name} ({node.architecture}, SM{node.capability[0]}"
               f"{node.capability[1]})")
-    return {"prefill": prefill, "decode": decode or named, "from": source,
-            "draft": la.speculative_draft_attention_backend if la is not None else None}
+    return result.Backends(prefill, decode or named, source, la.speculative_draft_attention_backend if la is not None else None)
 
 
 def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str:
@@ -557,12 +539,12 @@ def prepare(launch: list[str], node: Node, device_rows: int | None):
     return release, argv, {"target": target_config, "draft": draft_config, "paths": paths}
 
 
-def run(launch: list[str], node: Node, device_rows: int | None = None) -> dict:
+def run(launch: list[str], node: Node, device_rows: int | None = None) -> result.Report:
     default_rows = not launch and device_rows is None
     if default_rows:
         device_rows = DEFAULT_DEVICE_ROWS
     release, argv, configs = prepare(launch, node, device_rows)
     report = judge(release, argv, node, device_rows, configs)
-    if default_rows and "device_rows_note" in report.get("sizing", {}):
-        report["sizing"]["device_rows_note"] = DEFAULT_DEVICE_ROWS_NOTE
+    if default_rows and isinstance(report.sizing, result.Sizing):
+        report = report.with_(sizing=dataclasses.replace(report.sizing, device_rows_note=DEFAULT_DEVICE_ROWS_NOTE))
     return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from .hostram import gib
+from .result import NoPools
 
 # The chart's setups, in legend order; docs/preflight.md ("Sweeps") says what each one is.
 SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
@@ -17,178 +18,173 @@ SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
 PNG_DATA_KEY = "sglang-dcp-dspark sweep"
 
 
-def _judged_by(report: dict) -> str:
-    rel = report["release"]
-    applied = f" with {', '.join('patches/' + s for s in rel['series_applied'])} applied" if rel["series_applied"] else ""
-    return f"sglang {rel['sglang']}{applied} (its own resolution and pool builders; adapter {rel['adapter']}: since {rel['family_since']})"
+def _judged_by(report) -> str:
+    rel = report.release
+    applied = f" with {', '.join('patches/' + s for s in rel.series_applied)} applied" if rel.series_applied else ""
+    return f"sglang {rel.sglang}{applied} (its own resolution and pool builders; adapter {rel.adapter}: since {rel.family_since})"
 
 
-def render(report: dict) -> str:
+def render(report) -> str:
+    """The text form of a :class:`result.Report`."""
     out = []
-    verdict = "PASSES" if report["passed"] else "REJECTED"
-    state = "on" if report["plugin"]["enabled"] else "off"
-    out.append(f"launch {verdict} sglang {report['release']['sglang']}'s validation (as run with the dcp_dspark plugin {state})")
+    verdict = "PASSES" if report.passed else "REJECTED"
+    state = "on" if report.plugin.enabled else "off"
+    out.append(f"launch {verdict} sglang {report.release.sglang}'s validation (as run with the dcp_dspark plugin {state})")
     out.append(f"  {'judged by':<13} {_judged_by(report)}")
-    out.append(f"  {'plugin':<13} {report['plugin']['reason']}")
-    applied = report["release"].get("series_applied") or []
+    out.append(f"  {'plugin':<13} {report.plugin.reason}")
+    applied = report.release.series_applied
     # A tree with a series applied is not stock sglang: the label says what it carries.
     base = ("sglang + " + ", ".join(applied)) if applied else "stock sglang"
-    for label, key in ((base, "stock"), ("with plugin", "with_plugin")):
-        r = report[key]
-        out.append(f"  {label:<13} {'passes' if r['passed'] else 'rejected: ' + r['message']}")
-    backends = report.get("attention_backends") or {}
-    if backends.get("decode") or backends.get("prefill"):
-        out.append(f"  {'attention':<13} prefill {backends.get('prefill') or '?'}, decode {backends.get('decode') or '?'}"
-                   f" ({backends['from']})")
-    out.extend(_render_passes(report.get("passes") or {}))
-    sizing = report.get("sizing")
-    if sizing and "skipped" in sizing:
-        out.append(f"  host pools: {sizing['skipped']}")
-    elif sizing:
+    for label, r in ((base, report.stock), ("with plugin", report.with_plugin)):
+        out.append(f"  {label:<13} {'passes' if r.passed else 'rejected: ' + r.message}")
+    backends = report.attention_backends
+    if backends.decode or backends.prefill:
+        out.append(f"  {'attention':<13} prefill {backends.prefill or '?'}, decode {backends.decode or '?'}"
+                   f" ({backends.source})")
+    out.extend(_render_passes(report.passes))
+    sizing = report.sizing
+    if isinstance(sizing, NoPools):
+        out.append(f"  host pools: {sizing.skipped}")
+    elif sizing is not None:
         out.extend(_render_sizing(sizing, report))
     out.append("")
-    out.append(report["verdict"]["line"])
+    out.append(report.verdict.line)
     return "\n".join(line.rstrip() for line in out)
 
 
-def _render_passes(judged: dict) -> list[str]:
-    """The passes under DCP, one line each, as the pass map has them (docs/spec-under-dcp.md): the speculative ones,
-    or a plain launch's target EXTEND and DECODE."""
-    if not judged.get("algorithm") or judged.get("dcp", 1) <= 1:
+def _render_passes(judged) -> list[str]:
+    """The passes under DCP (a :class:`passes.Judgement`), one line each, as the pass map has them
+    (docs/spec-under-dcp.md): the speculative ones, or a plain launch's target EXTEND and DECODE."""
+    if not judged.algorithm or judged.dcp <= 1:
         return []
-    kind = "plain DCP (no speculative decoding)" if judged["algorithm"] == "plain" else judged["algorithm"]
-    if not judged["mapped"]:
-        return [f"  {'passes':<13} {kind} at dcp {judged['dcp']}: unchecked: {judged['why_unmapped']}"]
-    out = [f"  {'passes':<13} {kind} at dcp {judged['dcp']}, from the pass map (docs/spec-under-dcp.md)"
-           + (f"; {judged['note']}" if judged.get("note") else "")]
-    for found in judged["passes"]:
-        hicache = ", after a HiCache load-back" if found["after_hicache"] else ""
-        seen = f"dcp {found['dcp']}, rank {found['rank']}{hicache}"
-        out.append(f"    {found['name']:<19} {found['backend']:<15} {found['verdict']:<12} ({seen}) {found['detail']}")
+    kind = "plain DCP (no speculative decoding)" if judged.algorithm == "plain" else judged.algorithm
+    if not judged.mapped:
+        return [f"  {'passes':<13} {kind} at dcp {judged.dcp}: unchecked: {judged.why_unmapped}"]
+    out = [f"  {'passes':<13} {kind} at dcp {judged.dcp}, from the pass map (docs/spec-under-dcp.md)"
+           + (f"; {judged.note}" if judged.note else "")]
+    for found in judged.findings:
+        hicache = ", after a HiCache load-back" if found.after_hicache else ""
+        seen = f"dcp {found.dcp}, rank {found.rank}{hicache}"
+        out.append(f"    {found.name:<19} {found.backend:<15} {found.verdict:<12} ({seen}) {found.detail}")
     return out
 
 
-def _name_width(sizing: dict) -> int:
+def _name_width(sizing) -> int:
     """The pool column: 30 wide, wider for a name that needs it (with the stock rows' label)."""
-    names = [p["name"] for p in sizing["pools"]] + ["stock: " + p["name"] for p in sizing.get("stock_pools") or ()]
+    names = [p.name for p in sizing.pools] + ["stock: " + p.name for p in sizing.stock_pools or ()]
     return max([30, *map(len, names)])
 
 
-def _pool_lines(pools: list[dict], coverage: float | None, label: str = "", width: int = 30) -> list[str]:
+def _pool_lines(pools, coverage: float | None, label: str = "", width: int = 30) -> list[str]:
     out = []
     for p in pools:
-        cov = f"{coverage:.3f}" if p["role"] == "draft" and coverage is not None else ""
-        out.append(f"  {label + p['name']:<{width}} {p['rows']:>13,} {p['bytes_per_token']:>8,} {gib(p['bytes']):>14} "
-                   f"{gib(p['per_node_bytes']):>14} {cov:>9}")
+        cov = f"{coverage:.3f}" if p.role == "draft" and coverage is not None else ""
+        out.append(f"  {label + p.name:<{width}} {p.rows:>13,} {p.bytes_per_token:>8,} {gib(p.bytes):>14} "
+                   f"{gib(p.per_node_bytes):>14} {cov:>9}")
     return out
 
 
-def _render_sizing(sizing: dict, report: dict) -> list[str]:
-    out = ["", f"DCP geometry (rank 0 of {sizing['dcp_size']}):"]
-    out.append(f"  page size       {sizing['page_size']} physical, {sizing['logical_page_size']} logical")
-    out.append(f"  device rows     {sizing['device_rows']:,} physical per rank ({sizing['device_rows_note']})")
-    ratio = sizing.get("hicache_ratio")
-    if sizing.get("auto_sized_from") is not None and ratio != sizing["auto_sized_from"]:
-        out.append(f"  host ratio      {ratio:.4g}, auto-sized by sglang from {sizing['auto_sized_from']:g} "
+def _render_sizing(sizing, report) -> list[str]:
+    out = ["", f"DCP geometry (rank 0 of {sizing.dcp_size}):"]
+    out.append(f"  page size       {sizing.page_size} physical, {sizing.logical_page_size} logical")
+    out.append(f"  device rows     {sizing.device_rows:,} physical per rank ({sizing.device_rows_note})")
+    ratio = sizing.hicache_ratio
+    if sizing.auto_sized_from is not None and ratio != sizing.auto_sized_from:
+        out.append(f"  host ratio      {ratio:.4g}, auto-sized by sglang from {sizing.auto_sized_from:g} "
                    "(--hicache-host-memory-fraction of this rank's share of the node's RAM)")
-    elif sizing.get("auto_sized_from") is not None:
+    elif sizing.auto_sized_from is not None:
         out.append(f"  host ratio      {ratio:g}, as sglang resolved it; its auto-sizing kept it (the pools fit "
                    "--hicache-host-memory-fraction of this rank's share of the node's RAM)")
-    elif report.get("resolved", {}).get("hicache_size"):
-        out.append(f"  host size       --hicache-size {report['resolved']['hicache_size']:g} GB per rank (decimal)")
+    elif (report.resolved or {}).get("hicache_size"):
+        out.append(f"  host size       --hicache-size {report.resolved['hicache_size']:g} GB per rank (decimal)")
     elif ratio is not None:
         out.append(f"  host ratio      {ratio:g}, as sglang resolved it")
-    target = next((p for p in sizing["pools"] if p["role"] == "target"), None)
+    target = sizing.target
     if target:
-        out.append(f"  target host     {target['rows']:,} physical rows, {target['logical_slots']:,} logical slots")
-    if sizing.get("draft_plan"):
-        out.append(f"  draft           plan {sizing['draft_plan']}, {sizing['draft_path'] or 'no draft host pool'}")
+        out.append(f"  target host     {target.rows:,} physical rows, {target.logical_slots:,} logical slots")
+    if sizing.draft_plan:
+        out.append(f"  draft           plan {sizing.draft_plan}, {sizing.draft_path or 'no draft host pool'}")
     out.append("")
     width = _name_width(sizing)
     out.append(f"  {'host pool':<{width}} {'rows/rank':>13} {'B/token':>8} {'pinned/rank':>14} {'pinned/node':>14} {'coverage':>9}")
-    out.extend(_pool_lines(sizing["pools"], sizing.get("draft_coverage"), width=width))
-    stock = sizing.get("stock_pools")
-    if stock is not None and stock != sizing["pools"]:
-        stock_draft = [p for p in stock if p["role"] == "draft"]
-        others = [p for p in stock if p["role"] != "draft" and p not in sizing["pools"]]
-        out.extend(_pool_lines(others + stock_draft, sizing.get("draft_coverage_stock"), "stock: ", width))
-        if sizing.get("stock_startup_error"):
-            out.append(f"  stock sglang stops here: {sizing['stock_startup_error']}")
-    ram = sizing["host_ram"]
-    n = sizing["ranks_per_node"]
+    out.extend(_pool_lines(sizing.pools, sizing.draft_coverage, width=width))
+    stock = sizing.stock_pools
+    if stock is not None and stock != sizing.pools:
+        stock_draft = [p for p in stock if p.role == "draft"]
+        others = [p for p in stock if p.role != "draft" and p not in sizing.pools]
+        out.extend(_pool_lines(others + stock_draft, sizing.draft_coverage_stock, "stock: ", width))
+        if sizing.stock_startup_error:
+            out.append(f"  stock sglang stops here: {sizing.stock_startup_error}")
+    ram = sizing.host_ram
     out.append("")
-    out.append(f"Host RAM ({n} ranks per node, as run):")
-    if ram.get("startup_error"):
-        out.append(f"  needed          at least {gib(ram['needed_per_rank'])} per rank, {gib(ram['needed_per_node'])} per node "
+    out.append(f"Host RAM ({sizing.ranks_per_node} ranks per node, as run):")
+    if ram.startup_error:
+        out.append(f"  needed          at least {gib(ram.needed_per_rank)} per rank, {gib(ram.needed_per_node)} per node "
                    "(the pools built before startup stopped)")
     else:
-        out.append(f"  needed          {gib(ram['needed_per_rank'])} per rank, {gib(ram['needed_per_node'])} per node")
-    if ram.get("budget_per_rank"):
-        got = sum(p["bytes"] for p in sizing["pools"])
-        split = f"; the target got {sizing['target_hicache_size']:.2f} GB of it" if sizing.get("target_hicache_size") else ""
-        held = "holds" if got <= ram["budget_per_rank"] + max((p["page_size"] * p["bytes_per_token"] for p in sizing["pools"]), default=0) * 2 else "does NOT hold"
-        out.append(f"  budget          --hicache-size {ram['budget_per_rank'] / 1e9:g} GB (= {gib(ram['budget_per_rank'])}) per rank {held} every pool{split}")
-    fits = "fits" if ram["fits"] else "does NOT fit"
-    if ram.get("startup_error"):
+        out.append(f"  needed          {gib(ram.needed_per_rank)} per rank, {gib(ram.needed_per_node)} per node")
+    if ram.budget_per_rank:
+        got = sum(p.bytes for p in sizing.pools)
+        split = f"; the target got {sizing.target_hicache_size:.2f} GB of it" if sizing.target_hicache_size else ""
+        slack = max((p.page_size * p.bytes_per_token for p in sizing.pools), default=0) * 2
+        held = "holds" if got <= ram.budget_per_rank + slack else "does NOT hold"
+        out.append(f"  budget          --hicache-size {ram.budget_per_rank / 1e9:g} GB (= {gib(ram.budget_per_rank)}) per rank {held} every pool{split}")
+    fits = "fits" if ram.fits else "does NOT fit"
+    if ram.startup_error:
         fits = f"{fits} (so far; startup stops first)"
-    out.append(f"  available       {gib(ram['available'])} ({ram['available_from']}) less sglang's {gib(ram['reserve'])} reserve: {fits}")
-    for mode, b in (sizing.get("backups") or {}).items():
-        if b.get("startup_error"):
-            out.append(f"  --hicache-draft-backup {mode:<10} stops at startup: {b['startup_error']}")
+    out.append(f"  available       {gib(ram.available)} ({ram.available_from}) less sglang's {gib(ram.reserve)} reserve: {fits}")
+    for mode, b in (sizing.backups or {}).items():
+        if b.startup_error:
+            out.append(f"  --hicache-draft-backup {mode:<10} stops at startup: {b.startup_error}")
             continue
-        held = f", target {b['target_logical_slots']:,} tokens" if b.get("target_logical_slots") else ""
-        out.append(f"  --hicache-draft-backup {mode:<10} {gib(b['per_rank'])} per rank, {gib(b['per_node'])} per node{held}")
+        held = f", target {b.target_logical_slots:,} tokens" if b.target_logical_slots else ""
+        out.append(f"  --hicache-draft-backup {mode:<10} {gib(b.per_rank)} per rank, {gib(b.per_node)} per node{held}")
     return out
 
 
 # ---------------------------------------------------------------- the sweep
 
 
-def variants(report: dict) -> dict:
-    """Pinned bytes per node of the chart's setups for one judged launch (see :data:`SETUPS`)."""
-    sizing = report.get("sizing") or {}
-    return sizing.get("variants") or {}
-
-
-def render_sweep(result: dict) -> str:
-    out = [f"preflight sweep of {result['flag']} on sglang {result['release']} ({len(result['rows'])} launches, sglang imported once)", ""]
-    out.append(f"  {result['flag']:<14} {'target tokens in host':>22} {'draft pinned/node':>18} {'pinned/node':>14}  verdict")
-    for row in result["rows"]:
-        sizing = row["report"].get("sizing") or {}
-        pools = sizing.get("pools") or []
-        target = next((p for p in pools if p["role"] == "target"), None)
-        draft = sum(p["per_node_bytes"] for p in pools if p["role"] == "draft")
-        total = (sizing.get("host_ram") or {}).get("needed_per_node")
-        verdict = row["report"]["verdict"]
-        tokens = f"{target['logical_slots']:,}" if target else "-"
-        out.append(f"  {row['value']:<14} {tokens:>22} {gib(draft) if pools else '-':>18} {gib(total) if total is not None else '-':>14}  "
-                   f"{verdict['outcome']} (exit {verdict['code']})")
+def render_sweep(result) -> str:
+    """The text form of a :class:`result.Sweep`: one row per value, why each that does not pass, the setups."""
+    out = [f"preflight sweep of {result.flag} on sglang {result.release} ({len(result.rows)} launches, sglang imported once)", ""]
+    out.append(f"  {result.flag:<14} {'target tokens in host':>22} {'draft pinned/node':>18} {'pinned/node':>14}  verdict")
+    for row in result.rows:
+        sizing = row.report.sizing
+        pools = getattr(sizing, "pools", ())
+        target = sizing.target if pools else None
+        draft = sum(p.per_node_bytes for p in pools if p.role == "draft")
+        ram = getattr(sizing, "host_ram", None)
+        verdict = row.report.verdict
+        tokens = f"{target.logical_slots:,}" if target else "-"
+        out.append(f"  {row.value:<14} {tokens:>22} {gib(draft) if pools else '-':>18} {gib(ram.needed_per_node) if ram is not None else '-':>14}  "
+                   f"{verdict.outcome} (exit {verdict.code})")
     # Every row that does not pass says why, in its verdict's own words.
-    why = [(row["value"], row["report"]["verdict"]) for row in result["rows"] if row["report"]["verdict"]["code"]]
+    why = [(row.value, row.report.verdict) for row in result.rows if row.report.verdict.code]
     if why:
         out += ["", "  why:"]
-        out += [f"  {value:<14} {verdict['line'].removeprefix('verdict: ')}" for value, verdict in why]
-    if any(r.get("variants") for r in result["rows"]):
+        out += [f"  {value:<14} {verdict.line.removeprefix('verdict: ')}" for value, verdict in why]
+    if any(r.variants for r in result.rows):
         out += ["", f"  pinned host memory per node by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
-        for row in result["rows"]:
-            cells = [f"{name} {gib(v['per_node']) if v.get('per_node') is not None else '-'}" for name, v in row["variants"].items()]
-            out.append(f"  {row['value']:<14} " + ("; ".join(cells) or f"- ({row['report']['verdict']['outcome']}, see why)"))
-    if result.get("plot"):
-        out += ["", f"  chart: {result['plot']}"]
+        for row in result.rows:
+            cells = [f"{name} {gib(v.per_node) if v.per_node is not None else '-'}" for name, v in row.variants.items()]
+            out.append(f"  {row.value:<14} " + ("; ".join(cells) or f"- ({row.report.verdict.outcome}, see why)"))
+    if result.plot:
+        out += ["", f"  chart: {result.plot}"]
     return "\n".join(line.rstrip() for line in out)
 
 
-def chart_data(result: dict) -> dict:
+def chart_data(result) -> dict:
     """The figures a chart is drawn from, as a plain object (embedded in the PNG, compared by the docs' test)."""
     series = {name: [] for name in SETUPS}
-    for row in result["rows"]:
+    for row in result.rows:
         for name in SETUPS:
-            v = (row.get("variants") or {}).get(name) or {}
-            series[name].append(None if v.get("per_node") is None else round(v["per_node"] / 2**30, 2))
-    return {"release": result["release"], "flag": result["flag"], "values": [r["value"] for r in result["rows"]],
+            v = row.variants.get(name)
+            series[name].append(None if v is None or v.per_node is None else round(v.per_node / 2**30, 2))
+    return {"release": result.release, "flag": result.flag, "values": [r.value for r in result.rows],
             "pinned_gib_per_node": series,
-            "from": {name: next(((r.get("variants") or {}).get(name, {}).get("from") for r in result["rows"]
-                                 if (r.get("variants") or {}).get(name)), None) for name in SETUPS}}
+            "from": {name: next((r.variants[name].source for r in result.rows if r.variants.get(name)), None)
+                     for name in SETUPS}}
 
 
 # The formats --plot writes, by the file name's suffix (matplotlib's own writers).
@@ -208,7 +204,7 @@ def chart_format(path: str) -> str:
     return CHART_FORMATS[suffix]
 
 
-def plot(result: dict, path: str) -> str:
+def plot(result, path: str) -> str:
     """A chart of pinned host GiB per node against the swept value, one line per setup; returns its path.
 
     The y axis starts at zero, so a rise reads at its true size. Setups often
@@ -244,7 +240,7 @@ def plot(result: dict, path: str) -> str:
                 linewidth=width, markersize=size, zorder=3 + len(drawn))
         drawn.append((name, ys))
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(result["flag"])
+    ax.set_xlabel(result.flag)
     ax.set_ylabel("pinned host GiB per node")
     ax.set_xticks(x)
     ax.set_title(f"HiCache host pools per node, sglang {data['release']}")

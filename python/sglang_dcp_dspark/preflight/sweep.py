@@ -5,6 +5,8 @@ from __future__ import annotations
 from ..core.errors import DcpDsparkError
 from . import check as preflight
 from . import launch as launch_mod
+from . import result
+from . import verdict as verdict_mod
 from .launch import Node
 
 # A sweep judges each value in full (about a second each): past this many
@@ -40,14 +42,13 @@ def parse_sweep(spec: str) -> tuple[str, str, list[str]]:
     return name, SWEEPABLE[name], items
 
 
-def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, progress=None) -> dict:
+def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, progress=None) -> result.Sweep:
     """One judgement per value of one launch option, sglang imported once; the chart's four setups per value.
 
     ``progress(done, total, value)`` is called before each judgement of a
-    sweep longer than :data:`PROGRESS_FROM` values.
+    sweep longer than :data:`PROGRESS_FROM` values. A value preflight refuses
+    as input is a row with that verdict; the sweep's verdict is its worst row's.
     """
-    from .report import variants
-
     name, flag, values = parse_sweep(spec)
     default_rows = not launch and device_rows is None
     if default_rows:
@@ -61,6 +62,8 @@ def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, 
         try:
             report = preflight.judge(release, varied, node, device_rows, configs, variants=True)
         except DcpDsparkError as exc:
-            report = {"verdict": preflight.verdict_of(exc.exit_code, str(exc))}
-        rows.append({"value": value, "report": report, "variants": variants(report)})
-    return {"sweep": name, "flag": flag, "release": release.version, "launch": argv, "rows": rows}
+            report = result.Refused(preflight.verdict_of(exc.exit_code, str(exc)))
+        rows.append(result.SweepRow(value, report))
+    worst = verdict_mod.worst(r.report.verdict.code for r in rows)
+    return result.Sweep(name, flag, release.version, tuple(argv), tuple(rows),
+                        next(r.report.verdict for r in rows if r.report.verdict.code == worst))

@@ -45,35 +45,35 @@ class Verdict:
         return {"code": self.code, "outcome": self.outcome, "line": self.line}
 
 
-def checked_clause(judged: dict) -> str:
-    """What the pass map checked of the launch under DCP, for a verdict line that says PASSES."""
-    if judged.get("dcp", 1) <= 1:
+def checked_clause(judged) -> str:
+    """What the pass map checked of the launch under DCP (a :class:`passes.Judgement`), for a verdict line that says
+    PASSES."""
+    if judged.dcp <= 1:
         return "no DCP, so no pass reads another rank's layout"
-    names = ", ".join(p["name"] for p in judged.get("passes", []) if p["verdict"] == "consistent")
-    backends = ", ".join(sorted({p["backend"] for p in judged.get("passes", []) if p["verdict"] == "consistent"}))
-    evidence = f" ({judged['evidence']})" if judged.get("evidence") else ""
+    consistent = [f for f in judged.findings if f.verdict == "consistent"]
+    names = ", ".join(f.name for f in consistent)
+    backends = ", ".join(sorted({f.backend for f in consistent}))
+    evidence = f" ({judged.evidence})" if judged.evidence else ""
     return f"under DCP the pass map checked {names} on {backends}: each reads the rows it wrote{evidence}"
 
 
-def passes_detail(report: dict, unchecked: str | None = None) -> str:
+def passes_detail(release, stock, plugin, judged, sizing, node, unchecked: str | None = None) -> str:
     """Why a launch that will start passes: what stock does, what the fix does, what the pass map checked under DCP
-    (``unchecked``: what it could not), whether the node fits."""
-    release = report["release"]["sglang"]
+    (``unchecked``: what it could not), whether the node fits. The arguments are the report's parts
+    (:mod:`result`): the release, stock's outcome, the plugin, the pass judgement, the sizing and the node."""
     # A patched tree is not stock sglang: name what the tree carries.
-    applied = report["release"].get("series_applied") or []
-    base = f"sglang {release} with {', '.join(applied)} applied" if applied else "stock sglang"
-    stock = f"{base} passes it too" if report["stock"]["passed"] else f"{base} rejects it"
-    if report["stock"]["passed"] and (report.get("sizing") or {}).get("stock_startup_error"):
-        stock = f"{base} passes its validation but stops at startup"
-    checked = unchecked or checked_clause(report.get("passes") or {})
-    fix = "with the plugin it passes" if report["plugin"]["enabled"] else "the plugin is off"
-    sizing = report.get("sizing") or {}
-    if "host_ram" not in sizing:
-        return f"{stock}; {fix}; {checked}; no HiCache host pools to pin: it will start"
-    coverage = sizing.get("draft_coverage")
-    if coverage is not None:
+    base = f"sglang {release.sglang} with {', '.join(release.series_applied)} applied" if release.series_applied else "stock sglang"
+    said = f"{base} passes it too" if stock.passed else f"{base} rejects it"
+    if stock.passed and getattr(sizing, "stock_startup_error", None):
+        said = f"{base} passes its validation but stops at startup"
+    checked = unchecked or checked_clause(judged)
+    fix = "with the plugin it passes" if plugin.enabled else "the plugin is off"
+    ram = getattr(sizing, "host_ram", None)
+    if ram is None:
+        return f"{said}; {fix}; {checked}; no HiCache host pools to pin: it will start"
+    if sizing.draft_coverage is not None:
+        coverage = sizing.draft_coverage
         fix += f" and the draft host pool covers {'all' if coverage >= 1 else f'{coverage:.3f}'} of the target's logical slots"
-    ram, node = sizing["host_ram"], report["node"]
-    return (f"{stock}; {fix}; {checked}; its host pools pin {gib(ram['needed_per_node'])} per node, within the "
-            f"{gib(ram['available'])} of the {node['gpus']} x {node['gpu_name']} node ({ram['available_from']}): "
-            f"it will start (judged by sglang {release})")
+    return (f"{said}; {fix}; {checked}; its host pools pin {gib(ram.needed_per_node)} per node, within the "
+            f"{gib(ram.available)} of the {node.gpus} x {node.gpu_name} node ({ram.available_from}): "
+            f"it will start (judged by sglang {release.sglang})")

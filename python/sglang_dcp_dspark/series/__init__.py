@@ -110,7 +110,12 @@ def applied_to(tree) -> list[str]:
     out = []
     for name in available_series():
         with contextlib.suppress(Exception):
-            if patching.inspect(tree, load_series(name)).state.value == "applied":
+            series = load_series(name)
+            # apply refuses a tree of a release the series does not target, so such a tree carries none of it
+            # (and asking git, a subprocess per patch, is most of what this costs a preflight judgement).
+            if tree.version is not None and not series.targets(tree.version):
+                continue
+            if patching.inspect(tree, series).state.value == "applied":
                 out.append(name)
     return out
 

@@ -8,9 +8,15 @@ later: ``hybrid_pool_assembler`` (the budget and the guard) and
 under DCP: ``speculative_hook`` (the argument check the pass map drives) and,
 on 0.5.22 and 0.5.23, ``flashinfer_mla_backend`` (the target verify planned
 per draft token, which the check then counts on).
-Every entry is judged on the
-code it would patch, so a release gets only the hooks its code needs, and
-the carriers are imported only when their sglang module is.
+
+Each carrier declares its entries at its foot, by reference as sglang's own
+HookRegistry takes them (the judge and the hook are functions, not names),
+with what vllm-ascend's patch index carries for each: the target, why it is
+needed, where it stands upstream and when to drop it. docs/patches.md's hook
+index is generated from them (``tools/hook_index.py``). The carriers import
+nothing of sglang at module level: sglang is read when a judge runs, which
+is when sglang imports the module a hook targets. Every entry is judged on
+the code it would patch, so a release gets only the hooks its code needs.
 
 :data:`HOOKS` is read by :func:`plugin.register`, which
 registers each entry with sglang's HookRegistry when its module is imported,
@@ -22,49 +28,44 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 from collections.abc import Callable, Iterator
 
 
 class Hook:
     """One table entry. A plain class: ``plugin.register`` imports this table in every sglang process."""
 
-    __slots__ = ("module", "target", "carrier", "judge_name", "hook_name", "does", "series_patch", "check_only_name",
-                 "installed_name")
+    __slots__ = ("module", "target", "judge", "hook", "does", "why", "upstream", "drop_when", "series_patch",
+                 "check_only_if", "on_install")
 
-    def __init__(self, *, module: str, target: str, carrier: str, judge_name: str, hook_name: str, does: str,
-                 series_patch: str, check_only_name: str | None = None, installed_name: str | None = None) -> None:
+    def __init__(self, *, module: str, target: str, judge: Callable, hook: Callable, does: str, why: str, upstream: str,
+                 drop_when: str, series_patch: str, check_only_if: Callable | None = None,
+                 on_install: Callable | None = None) -> None:
         self.module = module  # the sglang module whose import decides this hook
         self.target = target  # dotted path, as sglang's HookRegistry takes it
-        self.carrier = carrier  # the module under hooks/ that holds judge and hook
-        self.judge_name = judge_name  # (original | None) -> Finding: does the code need the hook?
-        self.hook_name = hook_name  # AROUND hook, installed on NEEDS_FIX
+        self.judge = judge  # (original | None) -> Finding: does the code need the hook?
+        self.hook = hook  # AROUND hook, installed on NEEDS_FIX
         self.does = does  # what the hook changes, for the decision log and docs
+        self.why = why  # what is wrong in sglang's code without it
+        self.upstream = upstream  # where the same change stands upstream
+        self.drop_when = drop_when  # when the entry can go
         self.series_patch = series_patch  # the series patch that carries the same change
-        self.check_only_name = check_only_name  # () -> AROUND hook | None, installed when the judge cannot tell
-        self.installed_name = installed_name  # () -> None, run once when the hook is registered (what the patch adds beside it)
+        self.check_only_if = check_only_if  # () -> AROUND hook | None, installed when the judge cannot tell
+        self.on_install = on_install  # () -> None, run once when the hook is registered (what the patch adds beside it)
 
     def __repr__(self) -> str:
         return f"Hook({self.target})"
 
-    def _attr(self, name: str):
-        # Looked up at call time, so a test that replaces a hook sees it used everywhere.
-        return getattr(importlib.import_module(f"{__name__}.{self.carrier}"), name)
-
     @property
-    def judge(self) -> Callable:
-        return self._attr(self.judge_name)
-
-    @property
-    def hook(self) -> Callable:
-        return self._attr(self.hook_name)
+    def carrier(self) -> str:
+        """The module under hooks/ that holds the judge and the hook."""
+        return self.hook.__module__.rsplit(".", 1)[1]
 
     def check_only(self) -> Callable | None:
-        return self._attr(self.check_only_name)() if self.check_only_name else None
+        return self.check_only_if() if self.check_only_if else None
 
     def installed(self) -> None:
-        if self.installed_name:
-            self._attr(self.installed_name)()
+        if self.on_install:
+            self.on_install()
 
     def judged(self, original: Callable | None = None):
         from ._common import by_version
@@ -76,7 +77,7 @@ class Hook:
 
     def wrap(self, original: Callable, *, check_only: bool = True):
         """``original`` as the plugin would leave it: hooked, checked, or untouched; with the verdict."""
-        from ._common import Finding, Verdict, unhooked
+        from ._common import unhooked
 
         if unhooked(original) is not original:
             # sglang's HookRegistry wraps it already: the plugin was loaded in this process. A judge
@@ -111,127 +112,28 @@ AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
 SPECULATIVE_MODULE = "sglang.srt.arg_groups.speculative_hook"
 FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
 
+# The carriers, imported after what they import from here (Hook, the release literals). In the table's order:
+# sglang 0.5.17's gate, draft registration and scheduler budget; the draft sidecar of 0.5.19 to 0.5.23
+# (patches/upstream-next 0001-0003, 0009); every release the pass map covers (the speculative check); and the
+# flashinfer MLA verify planned per draft token on 0.5.22 and 0.5.23 (0012).
+from . import (  # noqa: E402
+    flashinfer_mla_backend,
+    hicache_auto_size,
+    hybrid_pool_assembler,
+    kv_cache_builder,
+    scheduler,
+    server_args,
+    speculative_hook,
+)
+
 HOOKS: tuple[Hook, ...] = (
-    # sglang 0.5.17: the gate, the draft registration and the scheduler's budget.
-    Hook(
-        module="sglang.srt.server_args",
-        target="sglang.srt.server_args.ServerArgs._resolve_hicache_dcp_compatibility",
-        carrier="server_args",
-        judge_name="resolver_verdict",
-        hook_name="admit_dspark",
-        does="admits DSPARK through the HiCache + DCP gate; other algorithms are refused in the series' words",
-        series_patch="sglang-0.5.17/0001",
-    ),
-    Hook(
-        module="sglang.srt.mem_cache.kv_cache_builder",
-        target="sglang.srt.mem_cache.kv_cache_builder.maybe_register_hicache_draft",
-        carrier="kv_cache_builder",
-        judge_name="registration_verdict",
-        hook_name="size_draft_from_logical",
-        does="sizes the draft host pool from the target's logical_size, then stops startup if it is short",
-        series_patch="sglang-0.5.17/0002, 0003",
-        check_only_name="check_only_if_needed",
-    ),
-    Hook(
-        module="sglang.srt.managers.scheduler",
-        target="sglang.srt.managers.scheduler.Scheduler.init_memory_pools",
-        carrier="scheduler",
-        judge_name="budget_verdict",
-        hook_name="count_draft_in_budget",
-        does="counts the replicated draft in --hicache-size and stops a launch whose host pools cannot fit",
-        series_patch="sglang-0.5.17/0004",
-    ),
-    # sglang 0.5.19 to 0.5.23, the draft sidecar: what patches/upstream-next 0001-0003 change.
-    Hook(
-        module=ASSEMBLER,
-        target=f"{ASSEMBLER}.build_kv_only_stack",
-        carrier="hybrid_pool_assembler",
-        judge_name="budget_verdict",
-        hook_name="count_sidecar_in_budget",
-        does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it, after "
-             "checking each draft's plan against its DCP layout",
-        series_patch="upstream-next/0001, 0009",
-        installed_name="declare_env",
-    ),
-    Hook(
-        module=ASSEMBLER,
-        target=f"{ASSEMBLER}.build_kv_only_group",
-        carrier="hybrid_pool_assembler",
-        judge_name="group_verdict",
-        hook_name="size_target_from_share",
-        does="builds the target host pool at that share (the host_size argument upstream-next 0001 passes)",
-        series_patch="upstream-next/0001",
-    ),
-    Hook(
-        module=ASSEMBLER,
-        target=f"{ASSEMBLER}.build_full_draft_pools",
-        carrier="hybrid_pool_assembler",
-        judge_name="guard_verdict",
-        hook_name="guard_sidecar",
-        does="stops startup if the draft sidecar misses logical slots, and logs what HiCache pins per rank",
-        series_patch="upstream-next/0003",
-    ),
-    Hook(
-        module=AUTO_SIZE,
-        target=f"{AUTO_SIZE}._draft_bytes",
-        carrier="hicache_auto_size",
-        judge_name="auto_size_verdict",
-        hook_name="price_logical_rows",
-        does="prices the draft sidecar at dcp_size rows per target row in the auto-size estimate",
-        series_patch="upstream-next/0002",
-    ),
-    Hook(
-        module=AUTO_SIZE,
-        target=f"{AUTO_SIZE}._estimate_hicache_bytes",
-        carrier="hicache_auto_size",
-        judge_name="estimate_verdict",
-        hook_name="note_sidecar_drafts",
-        does="tells the _draft_bytes hook which drafts are sidecars: packed layers stay at one row per target row",
-        series_patch="upstream-next/0009",
-    ),
-    # Every release the pass map covers: speculative launches whose passes crash or read other rows under DCP.
-    Hook(
-        module=SPECULATIVE_MODULE,
-        target=f"{SPECULATIVE_MODULE}.handle_speculative_decoding",
-        carrier="speculative_hook",
-        judge_name="passes_verdict",
-        hook_name="refuse_broken_passes",
-        does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
-        series_patch="upstream-next/0008",
-        installed_name="declare_check",
-    ),
-    # sglang 0.5.22 and 0.5.23: the target verify under DCP on flashinfer MLA, planned per draft token (what 0012
-    # changes).
-    Hook(
-        module=FLASHINFER_MLA,
-        target=f"{FLASHINFER_MLA}.FlashInferMLAIndicesUpdaterPrefill.call_begin_forward",
-        carrier="flashinfer_mla_backend",
-        judge_name="verify_verdict",
-        hook_name="plan_verify_per_row",
-        does="plans a verify under DCP with one row per draft token over this rank's keys up to its position, "
-             "heads x dcp, no causal mask",
-        series_patch="upstream-next/0012",
-    ),
-    Hook(
-        module=FLASHINFER_MLA,
-        target=f"{FLASHINFER_MLA}.FlashInferMLAAttnBackend.init_forward_metadata_out_graph",
-        carrier="flashinfer_mla_backend",
-        judge_name="same_verdict",
-        hook_name="capture_verify_rows",
-        does="captures a verify graph under DCP on a wrapper bound to one row per draft token",
-        series_patch="upstream-next/0012",
-    ),
-    Hook(
-        module=FLASHINFER_MLA,
-        target=f"{FLASHINFER_MLA}.FlashInferMLAAttnBackend.forward_extend",
-        carrier="flashinfer_mla_backend",
-        judge_name="same_verdict",
-        hook_name="verify_with_lse",
-        does="returns a verify's (out, lse) under DCP, the neutral partial for a row this rank holds no key of",
-        series_patch="upstream-next/0012",
-    ),
+    *server_args.HOOKS, *kv_cache_builder.HOOKS, *scheduler.HOOKS, *hybrid_pool_assembler.HOOKS,
+    *hicache_auto_size.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
+
+# What a judge reaches, for callers of the table (preflight), so they need not reach into _common.
+from ._common import Finding, Verdict  # noqa: E402
 
 # What the sidecar entries carry from the release where their sglang code first needs them, in the order
 # ``status`` names them: (first release, the entry, what it does there, why a release before it has nothing of it).
@@ -288,13 +190,3 @@ def verify_fix(plugin_on: bool) -> str | None:
     from .flashinfer_mla_backend import verify_fix_in_effect
 
     return verify_fix_in_effect(plugin_on=plugin_on)
-
-
-def __getattr__(name: str):
-    """``Finding`` and ``Verdict``, what a judge reaches, for callers of the table (preflight): from the table, so
-    they need not reach into ``_common``, which loads with the first carrier, not with the plugin."""
-    if name in ("Finding", "Verdict"):
-        from . import _common
-
-        return getattr(_common, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
+from . import Hook
 from ._common import Finding, Verdict, first_call, unhooked
 
 MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
@@ -235,3 +236,28 @@ def verify_with_lse(original: Callable, self, q, k, v, layer, forward_batch, sav
 def same_verdict(original: Callable | None = None) -> Finding:
     """The capture and forward hooks are needed exactly where the plan hook is."""
     return verify_verdict()
+
+
+# The table's entries (plugin/hooks/__init__.py collects them; docs/patches.md is generated from them).
+_VERIFY_WHY = ("under DCP flashinfer's MLA verify plans virtual ids with global lengths and returns no LSE, so the "
+               "target reads other tokens' KV and the DCP merge has nothing to weigh")
+_VERIFY_UPSTREAM = "not yet sent (patches/upstream-next 0012; docs/upstreaming.md)"
+_VERIFY_DROP = "upstream plans the verify under DCP on flashinfer MLA itself"
+HOOKS = (
+    Hook(
+        module=MODULE, target=PLAN, judge=verify_verdict, hook=plan_verify_per_row,
+        does="plans a verify under DCP with one row per draft token over this rank's keys up to its position, "
+             "heads x dcp, no causal mask",
+        why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
+    ),
+    Hook(
+        module=MODULE, target=CAPTURE, judge=same_verdict, hook=capture_verify_rows,
+        does="captures a verify graph under DCP on a wrapper bound to one row per draft token",
+        why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
+    ),
+    Hook(
+        module=MODULE, target=FORWARD, judge=same_verdict, hook=verify_with_lse,
+        does="returns a verify's (out, lse) under DCP, the neutral partial for a row this rank holds no key of",
+        why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
+    ),
+)

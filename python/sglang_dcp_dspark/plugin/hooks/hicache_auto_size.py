@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 
+from . import Hook
 from ._common import Finding, Overlay, Verdict, first_call, probing, unhooked
 
 MODULE = "sglang.srt.mem_cache.hicache_auto_size"
@@ -105,3 +106,26 @@ def note_sidecar_drafts(original: Callable, params, draft_plan=None, *args, **kw
         return original(params, draft_plan, *args, **kwargs)
     finally:
         _sidecars.reset(token)
+
+
+# The table's entries (plugin/hooks/__init__.py collects them; docs/patches.md is generated from them).
+HOOKS = (
+    Hook(
+        module=MODULE, target=DRAFT_BYTES, judge=auto_size_verdict, hook=price_logical_rows,
+        does="prices the draft sidecar at dcp_size rows per target row in the auto-size estimate",
+        why="sglang's auto-sizing prices the draft sidecar at one row per target row; under DCP it pins dcp_size, "
+            "so the estimate admits host pools the node cannot hold",
+        upstream="not yet sent (patches/upstream-next 0002)",
+        drop_when="upstream's estimate counts the sidecar at logical rows",
+        series_patch="upstream-next/0002",
+    ),
+    Hook(
+        module=MODULE, target=ESTIMATE, judge=estimate_verdict, hook=note_sidecar_drafts,
+        does="tells the _draft_bytes hook which drafts are sidecars: packed layers stay at one row per target row",
+        why="only a sidecar draft spans the logical slots; a draft packed into the target's layout keeps one row "
+            "per target row, and the _draft_bytes hook cannot tell the two apart",
+        upstream="not yet sent (patches/upstream-next 0009)",
+        drop_when="with the _draft_bytes entry",
+        series_patch="upstream-next/0009",
+    ),
+)

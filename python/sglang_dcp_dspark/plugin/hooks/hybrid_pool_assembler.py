@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable
 
 from ...core import rules
+from . import Hook
 from ._common import Finding, Verdict, first_call, probing, unhooked
 
 MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
@@ -330,3 +331,37 @@ def guard_sidecar(original: Callable, *args, **kwargs):
             target.dcp_size,
         )
     return specs, entries
+
+
+# The table's entries (plugin/hooks/__init__.py collects them; docs/patches.md is generated from them).
+_SIDECAR_BUDGET_WHY = ("0.5.23's plain KV stack gives the target host pool all of --hicache-size and pins the draft "
+                       "sidecar, at dcp_size rows per target row, on top of it")
+HOOKS = (
+    Hook(
+        module=MODULE, target=KV_ONLY_STACK, judge=budget_verdict, hook=count_sidecar_in_budget,
+        does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it, after "
+             "checking each draft's plan against its DCP layout",
+        why=_SIDECAR_BUDGET_WHY + "; and a draft plan that packs or shares the target's layout reads other rows",
+        upstream="not yet sent (patches/upstream-next 0001, 0009; docs/upstreaming.md)",
+        drop_when="upstream splits --hicache-size with the dcp factor and checks draft plans against their DCP layout",
+        series_patch="upstream-next/0001, 0009",
+        on_install=declare_env,
+    ),
+    Hook(
+        module=MODULE, target=KV_ONLY_GROUP, judge=group_verdict, hook=size_target_from_share,
+        does="builds the target host pool at that share (the host_size argument upstream-next 0001 passes)",
+        why=_SIDECAR_BUDGET_WHY,
+        upstream="not yet sent (patches/upstream-next 0001)",
+        drop_when="as the build_kv_only_stack entry",
+        series_patch="upstream-next/0001",
+    ),
+    Hook(
+        module=MODULE, target=FULL_DRAFT_POOLS, judge=guard_verdict, hook=guard_sidecar,
+        does="stops startup if the draft sidecar misses logical slots, and logs what HiCache pins per rank",
+        why="a draft sidecar short of the target's logical slots is written past its end on L1 eviction, and "
+            "nothing stops it at startup",
+        upstream="not yet sent (patches/upstream-next 0003)",
+        drop_when="upstream checks the sidecar's capacity at startup",
+        series_patch="upstream-next/0003",
+    ),
+)

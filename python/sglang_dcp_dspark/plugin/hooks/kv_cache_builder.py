@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from . import FIXED_UPSTREAM_IN
+from . import FIXED_UPSTREAM_IN, Hook
 from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
 
 MODULE = "sglang.srt.mem_cache.kv_cache_builder"
@@ -123,3 +123,19 @@ def check_only_if_needed() -> Callable | None:
     except Exception:  # runs inside sglang's import; an unknown version is guarded
         fixed_upstream = False
     return None if fixed_upstream else check_draft_registration
+
+
+# The table's entry (plugin/hooks/__init__.py collects it; docs/patches.md is generated from it).
+HOOKS = (
+    Hook(
+        module=MODULE, target=DRAFT_REGISTRATION, judge=registration_verdict, hook=size_draft_from_logical,
+        does="sizes the draft host pool from the target's logical_size, then stops startup if it is short",
+        why="the draft host pool is sized from the target host pool's physical rows per rank, but the replicated "
+            "DSPARK draft is indexed with the target's logical slots (dcp_size times more): L1 eviction writes past "
+            "its end",
+        upstream="PR #35221, released in 0.5.18 (the sizing); the startup check is this project's",
+        drop_when="on sglang 0.5.18 and later, where the judge finds the registration sized from logical slots",
+        series_patch="sglang-0.5.17/0002, 0003",
+        check_only_if=check_only_if_needed,
+    ),
+)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import FIXED_UPSTREAM_IN, WRITTEN_FOR
+from . import FIXED_UPSTREAM_IN, WRITTEN_FOR, Hook
 from ._common import Finding, Verdict, first_call, probing
 
 MODULE = "sglang.srt.managers.scheduler"
@@ -58,3 +58,17 @@ def count_draft_in_budget(original: Callable, scheduler, *args, **kwargs):
     result = original(scheduler, *args, **kwargs)
     budget.fit_hicache_size(scheduler)
     return result
+
+
+# The table's entry (plugin/hooks/__init__.py collects it; docs/patches.md is generated from it).
+HOOKS = (
+    Hook(
+        module=MODULE, target=INIT_MEMORY_POOLS, judge=budget_verdict, hook=count_draft_in_budget,
+        does="counts the replicated draft in --hicache-size and stops a launch whose host pools cannot fit",
+        why="--hicache-size budgets the target host pool alone; the replicated draft pins dcp_size draft rows per "
+            "target row on top of it, past the budget the operator set",
+        upstream="not in sglang; PR #35875 (open) splits the budget t / (t + d), without the dcp factor",
+        drop_when="with the rest of the 0.5.17 series, on 0.5.18 and later (the upstream-next entries carry it there)",
+        series_patch="sglang-0.5.17/0004",
+    ),
+)

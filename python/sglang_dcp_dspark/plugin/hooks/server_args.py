@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import Hook
 from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
 
 MODULE = "sglang.srt.server_args"
@@ -91,3 +92,17 @@ def admit_dspark(original: Callable, server_args, *args, **kwargs):
             if str(other) == str(refused):
                 raise
         raise NotImplementedError(DSPARK_ONLY) from None
+
+
+# The table's entry (plugin/hooks/__init__.py collects it; docs/patches.md is generated from it).
+HOOKS = (
+    Hook(
+        module=MODULE, target=RESOLVER, judge=resolver_verdict, hook=admit_dspark,
+        does="admits DSPARK through the HiCache + DCP gate; other algorithms are refused in the series' words",
+        why="0.5.17 raises NotImplementedError for any --speculative-algorithm once --dcp-size > 1 and "
+            "--enable-hierarchical-cache are both set, so a DCP + HiCache + DSPARK launch cannot start",
+        upstream="PR #35221, released in 0.5.18 (the same condition and message)",
+        drop_when="on sglang 0.5.18 and later, where the judge finds the gate admits DSPARK and the hook stays out",
+        series_patch="sglang-0.5.17/0001",
+    ),
+)

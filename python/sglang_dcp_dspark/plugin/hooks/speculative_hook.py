@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from . import Hook
 from ._common import Finding, Verdict, first_call
 
 MODULE = "sglang.srt.arg_groups.speculative_hook"
@@ -166,3 +167,18 @@ def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
     result = original(server_args, *args, **kwargs)
     check_passes_under_dcp(server_args)
     return result
+
+
+# The table's entry (plugin/hooks/__init__.py collects it; docs/patches.md is generated from it).
+HOOKS = (
+    Hook(
+        module=MODULE, target=SPECULATIVE, judge=passes_verdict, hook=refuse_broken_passes,
+        does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
+        why="sglang admits speculative decoding (and plain decode on fa3 MLA) under --dcp-size > 1 on backends whose "
+            "passes plan untranslated rows or drop the LSE the DCP merge needs: they crash or read other tokens' KV",
+        upstream="not yet sent (patches/upstream-next 0008, 0011, 0013; docs/upstreaming.md)",
+        drop_when="upstream translates each backend's passes under DCP, or refuses them itself",
+        series_patch="upstream-next/0008",
+        on_install=declare_check,
+    ),
+)

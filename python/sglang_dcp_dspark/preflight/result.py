@@ -1,0 +1,275 @@
+"""What one judgement finds, as types: the report :func:`check.judge` returns and :mod:`report` and ``--json`` read.
+
+Each class holds what the model decided and nothing more; ``as_dict`` is the
+``--json`` form, whose keys and their order are the output scripts read
+(test/preflight/test_result.py pins them), so a script written against an
+earlier release reads this one unchanged. Nothing reads a verdict back out of
+that form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..passes import Judgement
+from .hostram import HostRam
+from .launch import Node
+from .verdict import Verdict
+
+
+@dataclass(frozen=True)
+class Release:
+    """The sglang that judged the launch: its version, the adapter chosen by asking its code, and any series applied."""
+
+    sglang: str
+    adapter: str
+    family_since: str
+    changes: tuple[str, ...]
+    series_applied: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {"sglang": self.sglang, "adapter": self.adapter, "family_since": self.family_since,
+                "changes": list(self.changes), "series_applied": list(self.series_applied)}
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """Would sglang's load_plugins() run the plugin, why, and what each of its hooks decided on this release."""
+
+    enabled: bool
+    reason: str
+    hooks: dict[str, str]
+
+    def as_dict(self) -> dict:
+        return {"enabled": self.enabled, "reason": self.reason, "hooks": dict(self.hooks)}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One resolution's answer: sglang admits the launch, or the message it refuses it with."""
+
+    passed: bool
+    message: str | None
+
+    def as_dict(self) -> dict:
+        return {"passed": self.passed, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Backends:
+    """The target's attention backends on the emulated node, where they come from, and the draft's if named."""
+
+    prefill: str | None
+    decode: str | None
+    source: str
+    draft: str | None
+
+    def as_dict(self) -> dict:
+        return {"prefill": self.prefill, "decode": self.decode, "from": self.source, "draft": self.draft}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One host pool of rank 0, as the release's builder made it, and what all ranks of a node pin for it."""
+
+    name: str
+    role: str
+    built_by: str
+    rows: int
+    logical_slots: int
+    page_size: int
+    bytes_per_token: int
+    bytes: int
+    per_node_bytes: int
+
+    @classmethod
+    def of(cls, built, ranks: int) -> tuple[Pool, ...]:
+        """The pools of a release adapter's ``Built``, for ``ranks`` ranks on a node."""
+        return tuple(cls(p.name, p.role, p.built_by, p.size.rows, p.size.logical_slots, p.size.page_size,
+                         p.size.bytes_per_token, p.size.bytes, p.size.bytes * ranks) for p in built.pools)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class Backup:
+    """The pools of one ``--hicache-draft-backup`` mode, beside the other (a tree with upstream-next 0005)."""
+
+    pools: tuple[Pool, ...]
+    per_rank: int
+    per_node: int
+    target_logical_slots: int | None
+    startup_error: str | None
+
+    def as_dict(self) -> dict:
+        return {"pools": [p.as_dict() for p in self.pools], "per_rank": self.per_rank, "per_node": self.per_node,
+                "target_logical_slots": self.target_logical_slots, "startup_error": self.startup_error}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Pinned bytes per node of one of the sweep chart's setups (report.SETUPS), and where the figure comes from."""
+
+    per_node: int | None
+    source: str
+    startup_error: str | None
+
+    def as_dict(self) -> dict:
+        return {"per_node": self.per_node, "from": self.source, "startup_error": self.startup_error}
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Rank 0's host pools as the launch runs them, as stock sglang would build them, and the node's RAM."""
+
+    device_rows: int
+    device_rows_note: str
+    device_rows_estimated: bool
+    device_rows_max: int
+    dcp_size: int
+    page_size: int
+    logical_page_size: int
+    target_kv: dict
+    draft_kv: dict | None
+    draft_architecture: str | None
+    ranks_per_node: int
+    draft_plan: str | None
+    draft_path: str | None
+    hicache_ratio: float | None
+    auto_sized_from: float | None
+    target_hicache_size: float | None
+    pools: tuple[Pool, ...]
+    stock_pools: tuple[Pool, ...] | None  # None where stock sglang builds exactly what runs
+    stock_startup_error: str | None
+    draft_coverage: float | None
+    draft_coverage_stock: float | None
+    backups: dict[str, Backup] | None
+    variants: dict[str, Setup] | None
+    host_ram: HostRam
+
+    @property
+    def target(self) -> Pool | None:
+        return next((p for p in self.pools if p.role == "target"), None)
+
+    @property
+    def startup_stops(self) -> tuple[str, ...]:
+        return tuple(self.host_ram.stops)
+
+    def as_dict(self) -> dict:
+        ram = self.host_ram
+        out = {name: getattr(self, name) for name in (
+            "device_rows", "device_rows_note", "device_rows_estimated", "device_rows_max", "dcp_size", "page_size",
+            "logical_page_size", "target_kv", "draft_kv", "draft_architecture", "ranks_per_node", "draft_plan",
+            "draft_path", "hicache_ratio", "auto_sized_from", "target_hicache_size")}
+        out["pools"] = [p.as_dict() for p in self.pools]
+        out["stock_pools"] = None if self.stock_pools is None else [p.as_dict() for p in self.stock_pools]
+        out["stock_startup_error"] = self.stock_startup_error
+        out["draft_coverage"], out["draft_coverage_stock"] = self.draft_coverage, self.draft_coverage_stock
+        out["backups"] = None if self.backups is None else {k: b.as_dict() for k, b in self.backups.items()}
+        out["variants"] = None if self.variants is None else {k: v.as_dict() for k, v in self.variants.items()}
+        out["host_ram"] = {"needed_per_rank": ram.needed_per_rank, "needed_per_node": ram.needed_per_node,
+                           "budget_per_rank": ram.budget_per_rank, "available": ram.available,
+                           "available_from": ram.available_from, "reserve": ram.reserve, "fits": ram.fits,
+                           "startup_error": ram.startup_error}
+        out["startup_stops"] = list(self.startup_stops)
+        return out
+
+
+@dataclass(frozen=True)
+class NoPools:
+    """A launch without HiCache: no host pools to size, and why."""
+
+    skipped: str
+    startup_stops: tuple[str, ...] = ()
+    variants = None
+
+    def as_dict(self) -> dict:
+        return {"skipped": self.skipped}
+
+
+@dataclass(frozen=True)
+class Report:
+    """One judged launch. ``resolved`` and ``sizing`` are set only where the launch as run passes sglang's
+    validation; a rejected launch's report ends at its verdict."""
+
+    release: Release
+    launch: tuple[str, ...]
+    node: Node
+    plugin: Plugin
+    stock: Outcome
+    with_plugin: Outcome
+    passed: bool
+    message: str | None
+    sglang_warnings: tuple[str, ...]
+    attention_backends: Backends
+    passes: Judgement
+    verdict: Verdict
+    resolved: dict | None = None
+    sizing: Sizing | NoPools | None = None
+
+    @property
+    def startup_stops(self) -> tuple[str, ...]:
+        return self.sizing.startup_stops if self.sizing is not None else ()
+
+    def with_(self, **fields) -> Report:
+        return replace(self, **fields)
+
+    def as_dict(self) -> dict:
+        out = {"release": self.release.as_dict(), "launch": list(self.launch),
+               "node": vars(self.node) | {"capability": list(self.node.capability)},
+               "plugin": self.plugin.as_dict(), "stock": self.stock.as_dict(), "with_plugin": self.with_plugin.as_dict(),
+               "passed": self.passed, "message": self.message, "sglang_warnings": list(self.sglang_warnings),
+               "attention_backends": self.attention_backends.as_dict(), "passes": self.passes.as_dict()}
+        if self.resolved is not None:
+            out["resolved"] = dict(self.resolved)
+            out["sizing"] = self.sizing.as_dict()
+            out["startup_stops"] = list(self.startup_stops)
+        out["verdict"] = self.verdict.as_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A sweep's value that preflight refused as input (or failed on): its verdict alone."""
+
+    verdict: Verdict
+    sizing = None
+
+    def as_dict(self) -> dict:
+        return {"verdict": self.verdict.as_dict()}
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    value: str
+    report: Report | Refused
+
+    @property
+    def variants(self) -> dict[str, Setup]:
+        return (self.report.sizing.variants if self.report.sizing is not None else None) or {}
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "report": self.report.as_dict(),
+                "variants": {k: v.as_dict() for k, v in self.variants.items()}}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One judgement per value of one launch option; its verdict is its worst row's."""
+
+    sweep: str
+    flag: str
+    release: str
+    launch: tuple[str, ...]
+    rows: tuple[SweepRow, ...]
+    verdict: Verdict
+    plot: str | None = None
+
+    def as_dict(self) -> dict:
+        out = {"sweep": self.sweep, "flag": self.flag, "release": self.release, "launch": list(self.launch),
+               "rows": [r.as_dict() for r in self.rows]}
+        if self.plot is not None:
+            out["plot"] = self.plot
+        out["verdict"] = self.verdict.as_dict()
+        return out
