@@ -23,17 +23,19 @@ def markdown(hooks) -> str:
     for number, hook in enumerate(hooks, 1):
         module_path = hook.module.replace(".", "/") + ".py"
         target = hook.target.removeprefix(hook.module + ".")
+        head = f"{number}. "
+        pad = " " * len(head)  # a sub-list nests under its item only when indented to the item's text
         out += [
-            f"{number}. **`{target}`** in `python/{module_path}`",
-            f"   - **Carrier:** `plugin/hooks/{hook.carrier}.py`: judge `{hook.judge.__name__}`, "
+            f"{head}**`{target}`** in `python/{module_path}`",
+            f"{pad}- **Carrier:** `plugin/hooks/{hook.carrier}.py`: judge `{hook.judge.__name__}`, "
             f"hook `{hook.hook.__name__}` (AROUND)"
             + (f", check-only hook from `{hook.check_only_if.__name__}`" if hook.check_only_if else "")
             + (f", on install `{hook.on_install.__name__}`" if hook.on_install else "") + ".",
-            f"   - **Does:** {hook.does}.",
-            f"   - **Why:** {hook.why}.",
-            f"   - **Upstream:** {hook.upstream}.",
-            f"   - **Drop when:** {hook.drop_when}.",
-            f"   - **Series patch:** `{hook.series_patch}`.",
+            f"{pad}- **Does:** {hook.does}.",
+            f"{pad}- **Why:** {hook.why}.",
+            f"{pad}- **Upstream:** {hook.upstream}.",
+            f"{pad}- **Drop when:** {hook.drop_when}.",
+            f"{pad}- **Series patch:** `{hook.series_patch}`.",
         ]
     return "\n".join(out) + "\n"
 

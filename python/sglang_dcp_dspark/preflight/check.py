@@ -430,7 +430,9 @@ def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str
     if la is None or la.dcp_size <= 1:
         return ""
     algorithm = la.speculative_algorithm
-    fix = _verify_fix(plugin_on) if algorithm else None
+    # Asked once per judgement (each answer reads the backend's source): what the plugin would run, and what runs.
+    fix_with_plugin = functools.cache(lambda: _verify_fix(True))
+    fix = (fix_with_plugin() if plugin_on else _verify_fix(False)) if algorithm else None
     good = passes_mod.working_backends(
         release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
         capability_major=node.capability[0], hicache=la.enable_hierarchical_cache, verify_fix=fix)
@@ -448,7 +450,7 @@ def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str
         line += "; use --dcp-size 1 for speculative decoding"
     if not algorithm:
         return line
-    if not plugin_on and _verify_fix(True) == "plugin":
+    if not plugin_on and fix_with_plugin() == "plugin":
         # The plugin is off, and its verify hooks apply to this release: say what it would run.
         with_plugin = passes_mod.working_backends(
             release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
@@ -457,7 +459,7 @@ def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str
             line += (f"; with the plugin on (it is off), --attention-backend {with_plugin[0]} runs it: "
                      f"{passes_mod.verify_evidence('plugin')}")
     elif ((current == "flashinfer" or node.capability[0] not in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"])
-          and _verify_fix(True) is None and not version_at_least(release.version, hooks_mod.VERIFY_FIX_SINCE)):
+          and fix_with_plugin() is None and not version_at_least(release.version, hooks_mod.VERIFY_FIX_SINCE)):
         # On flashinfer, or on a node without Blackwell's cutedsl_mla: the fix is what would run it, on a later release.
         line += (f"; the flashinfer MLA verify fix, which runs DSPARK and external EAGLE drafts there, is carried from "
                  f"sglang {hooks_mod.VERIFY_FIX_SINCE} (the plugin; patches/upstream-next on 0.5.23)")
