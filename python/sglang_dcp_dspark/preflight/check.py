@@ -166,8 +166,9 @@ def check_resolved(la, node: Node) -> None:
         raise DcpDsparkError(f"--tp {tp} x --pp-size {la.pp_size} over --nnodes {la.nnodes} puts {ranks_per_node} ranks on a node, but the emulated node has --gpus {node.gpus}; expected at most one rank per GPU; fix: {fix}")
 
 
-def _parse_launch(argv: list[str]) -> None:
-    """sglang's own parser; its usage errors become one-line, exit-2 errors."""
+def _parse_launch(argv: list[str]) -> argparse.Namespace:
+    """sglang's own parser, before any resolution: the arguments as given (its usage errors become one-line, exit-2
+    errors). What the passes are judged on where every resolution refused the launch."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang serve", add_help=False)
@@ -175,7 +176,7 @@ def _parse_launch(argv: list[str]) -> None:
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            parser.parse_args(argv)
+            return parser.parse_args(argv)
     except SystemExit:
         reason = next((ln for ln in reversed(stderr.getvalue().splitlines()) if ln.strip()), "invalid arguments")
         raise DcpDsparkError(f"sglang cannot parse the launch arguments: {reason.removeprefix('sglang serve: ')}; fix: correct the arguments after `--` (see `python -m sglang.launch_server --help`)") from None
@@ -355,20 +356,20 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
           variants: bool = False) -> result.Report:
     """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM."""
     paths = configs["paths"]
-    _parse_launch(argv)
+    given = _parse_launch(argv)
     state = plugin_state()
     stock = resolve(release, argv, node, paths, hooked=False)
     fixed = resolve(release, argv, node, paths, hooked=True)
     as_run = fixed if state.enabled else stock
     resolved = as_run.launch or fixed.launch or stock.launch
-    judged = judge_passes(release, argv, configs, resolved, plugin_on=state.enabled)
+    judged = judge_passes(release, given, configs, resolved, plugin_on=state.enabled)
     facts = dict(
         release=result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
                                tuple(release.changes), tuple(_applied_series())),
         launch=tuple(argv), node=node,
         stock=result.Outcome(stock.passed, stock.message), with_plugin=result.Outcome(fixed.passed, fixed.message),
         passed=as_run.passed, message=as_run.message, sglang_warnings=tuple(as_run.warnings),
-        attention_backends=_backends(resolved, argv, node), passes=judged,
+        attention_backends=_backends(resolved, given, node), passes=judged,
     )
     if not as_run.passed:
         # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
@@ -414,9 +415,10 @@ def _passes_detail(facts: dict, unchecked: str | None = None) -> str:
                                      facts["node"], unchecked)
 
 
-def _backends(la, argv: list[str], node: Node) -> result.Backends:
-    """The target's attention backends the launch runs on the emulated node, and where they come from."""
-    named = launch_mod.option(argv, "--decode-attention-backend") or launch_mod.option(argv, "--attention-backend")
+def _backends(la, given: argparse.Namespace, node: Node) -> result.Backends:
+    """The target's attention backends the launch runs on the emulated node, and where they come from (``given``:
+    sglang's parse of the launch; its backend options default to None on every release)."""
+    named = given.decode_attention_backend or given.attention_backend
     prefill, decode = la.attention_backends if la is not None else (None, None)
     source = ("named by the launch" if named else
               f"sglang's own choice for this model on the {node.gpu_name} ({node.architecture}, SM{node.capability[0]}"
@@ -466,29 +468,30 @@ def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str
     return line
 
 
-def judge_passes(release, argv: list[str], configs: dict, la=None, *, plugin_on: bool = False) -> passes_mod.Judgement:
+def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,
+                 plugin_on: bool = False) -> passes_mod.Judgement:
     """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
     a plain launch's EXTEND and DECODE.
 
     From the launch as sglang resolved it on the emulated node where it did:
     the decode backend is the one the release picks there (its default for
     the architecture and model, model hooks included) unless the launch names
-    one. From the raw arguments where every resolution refused it, so a
-    rejection still names the pass that would break; a launch that names no
-    backend is then judged on every target backend the map ran. A flashinfer
-    MLA target's verify is judged as the launch runs it: planned per draft
-    token where the tree carries upstream-next 0012 or the plugin is on and
-    its hooks apply to this release.
+    one. From sglang's own parse of the arguments (``given``) where every
+    resolution refused, so a rejection still names the pass that would break;
+    a launch that names no backend is then judged on every target backend the
+    map ran. A flashinfer MLA target's verify is judged as the launch runs it:
+    planned per draft token where the tree carries upstream-next 0012 or the
+    plugin is on and its hooks apply to this release.
     """
-    option = functools.partial(launch_mod.option, argv)
-    algorithm = la.speculative_algorithm if la is not None else option("--speculative-algorithm")
-    # The decode backend the release resolved on the emulated node; the flags where nothing resolved.
-    backend = (la.attention_backends[1] if la is not None else None) or option("--decode-attention-backend") or \
-        option("--attention-backend")
-    dcp = la.dcp_size if la is not None else int(float(option("--dcp-size") or option("--decode-context-parallel-size") or 1))
-    target = la.model_path if la is not None else option("--model-path") or option("--model")
-    draft = la.draft_model_path if la is not None else option("--speculative-draft-model-path")
-    hicache = la.enable_hierarchical_cache if la is not None else "--enable-hierarchical-cache" in argv
+    launch = la if la is not None else given
+    algorithm = launch.speculative_algorithm
+    # The decode backend the release resolved on the emulated node; the arguments' where nothing resolved.
+    backend = (la.attention_backends[1] if la is not None else None) or given.decode_attention_backend or \
+        given.attention_backend
+    dcp = la.dcp_size if la is not None else (1 if given.dcp_size is None else int(given.dcp_size))
+    target = launch.model_path
+    draft = la.draft_model_path if la is not None else given.speculative_draft_model_path
+    hicache = bool(launch.enable_hierarchical_cache)
     mla = models_mod.is_mla_config(configs["target"])
     if not algorithm:
         if dcp > 1 and not mla:
@@ -499,7 +502,7 @@ def judge_passes(release, argv: list[str], configs: dict, la=None, *, plugin_on:
     verify_fix = _verify_fix(plugin_on) if backend == "flashinfer" and mla and dcp > 1 else None
     return passes_mod.judge(
         release.version, algorithm, dcp=dcp, own_layer=draft in (None, target), target_mla=mla,
-        target_backend=backend, draft_backend=option("--speculative-draft-attention-backend"), hicache=hicache,
+        target_backend=backend, draft_backend=given.speculative_draft_attention_backend, hicache=hicache,
         verify_fix=verify_fix,
     )
 
