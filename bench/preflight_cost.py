@@ -24,10 +24,11 @@ row gives the process's wall time, its CPU time (user + system, less moved
 by other jobs on the machine) and, for preflight, the seconds (wall and CPU)
 spent inside ``preflight.judge()`` (timed in the child), which separate the judgements'
 own cost from the import's; and, for one judgement, where its time goes by stage
-(``prepare``: the configs, the sglang modules a judgement needs beyond the bare
-import and the release adapter; then sglang's own resolution, the series a tree
-carries, the pass map, the models and the host pools). The load average is
-printed with the figures.
+(torch; ``import_sglang``, server_args with the ModelConfig and quantization
+modules a judgement needs beyond the bare import; the rest of ``prepare``, the
+configs and the release adapter; then in ``judge()`` sglang's own resolution,
+the series a tree carries, the pass map, the models and the host pools). The
+load average is printed with the figures.
 
 Targets, all from figures measured in the same run:
 

@@ -551,5 +551,5 @@ def run(launch: list[str], node: Node, device_rows: int | None = None) -> result
     release, argv, configs = prepare(launch, node, device_rows)
     report = judge(release, argv, node, device_rows, configs)
     if default_rows and isinstance(report.sizing, result.Sizing):
-        report = report.with_(sizing=dataclasses.replace(report.sizing, device_rows_note=DEFAULT_DEVICE_ROWS_NOTE))
+        report = dataclasses.replace(report, sizing=dataclasses.replace(report.sizing, device_rows_note=DEFAULT_DEVICE_ROWS_NOTE))
     return report

@@ -9,7 +9,7 @@ that form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..passes import Judgement
 from .hostram import HostRam
@@ -211,9 +211,6 @@ class Report:
     @property
     def startup_stops(self) -> tuple[str, ...]:
         return self.sizing.startup_stops if self.sizing is not None else ()
-
-    def with_(self, **fields) -> Report:
-        return replace(self, **fields)
 
     def as_dict(self) -> dict:
         out = {"release": self.release.as_dict(), "launch": list(self.launch),

@@ -107,11 +107,6 @@ FIXED_UPSTREAM_IN = "0.5.18"
 # shape from 0.5.22 on; upstream-next 0012 is written against 0.5.23).
 VERIFY_FIX_SINCE = "0.5.22"
 
-ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
-AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size"
-SPECULATIVE_MODULE = "sglang.srt.arg_groups.speculative_hook"
-FLASHINFER_MLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
-
 # The carriers, imported after what they import from here (Hook, the release literals). In the table's order:
 # sglang 0.5.17's gate, draft registration and scheduler budget; the draft sidecar of 0.5.19 to 0.5.23
 # (patches/upstream-next 0001-0003, 0009); every release the pass map covers (the speculative check); and the
@@ -131,6 +126,11 @@ HOOKS: tuple[Hook, ...] = (
     *hicache_auto_size.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
+# The sglang modules the table's callers name (SIDECAR_CARRIES below, preflight's adapters, the tests): each
+# carrier's own.
+ASSEMBLER = hybrid_pool_assembler.MODULE
+AUTO_SIZE = hicache_auto_size.MODULE
+FLASHINFER_MLA = flashinfer_mla_backend.MODULE
 
 # What a judge reaches, for callers of the table (preflight), so they need not reach into _common.
 from ._common import Finding, Verdict  # noqa: E402
