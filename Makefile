@@ -54,9 +54,11 @@ lint: setup
 # pass map adds to it on 0.5.23; preflight's peak RSS
 # at 1x, 10x and 100x the device rows against a bare sglang import, and a
 # sweep's cost per value, on 0.5.17 and on 0.5.23; the HiCache bytes
-# moved per token, counted in a data-path run on the patched tree; and
-# the sharded draft backup (upstream-next 0005-0007) against the replicated one
-# on real multi-process DCP groups of 2, 4 and 8 ranks.
+# moved per token, counted in a data-path run on the patched tree; the
+# sharded draft backup (upstream-next 0005-0007) against the replicated one
+# on real multi-process DCP groups of 2, 4 and 8 ranks; and what planning one
+# verify step under DCP costs, the per-row design beside the split one (0012),
+# on 0.5.23 (docs/verify-under-dcp.md).
 bench: setup trees next-trees
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py
@@ -66,6 +68,7 @@ bench: setup trees next-trees
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
 	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
+	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py
 
 # The unit tier: the package's own tests on the installed sglang alone (no tree
 # to build), in a few minutes; make test runs them again with everything else.

@@ -29,6 +29,9 @@ FRESHNESS = {
     "draft-layouts": "test/datapath/test_layouts.py",
     "auto-size": "test/test_docs.py",
     "hook-index": "test/test_docs.py",
+    "verify-numbers-plugin": "test/numerics/test_verify_dcp.py",
+    "verify-numbers-series": "test/numerics/test_verify_dcp.py",
+    "verify-pr-numbers": "test/numerics/test_verify_dcp.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
 SLOW = ("host-memory", "auto-size")

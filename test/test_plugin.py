@@ -414,13 +414,13 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     assert [h.target for h in hooks.HOOKS] == [
         server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,
         assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP, assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
-        speculative_hooks.SPECULATIVE, verify_hooks.PLAN, verify_hooks.CAPTURE, verify_hooks.FORWARD,
+        speculative_hooks.SPECULATIVE, verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
         server_args_hooks.admit_dspark, kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
-        speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_per_row, verify_hooks.capture_verify_rows,
+        speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
         verify_hooks.verify_with_lse,
     ]
     assert [h.judge for h in hooks.HOOKS] == [

@@ -2,37 +2,48 @@
 
 ``verify_dcp.py`` runs in a child process (Triton's interpreter must be on before Triton is imported), on this
 run's tree. Where the fix lives on each tree: the plugin's hooks on stock 0.5.23 (``next-stock``) and 0.5.22
-(``release-0.5.22``), the series' code on 0.5.23 + upstream-next (``next-patched``). On both, every case must match one rank to 1e-5 and each
-control must be caught; on the stock tree without the hooks every case with N > 1 must fail. The map's readings
-of the verify with the fix (``tools/passmap/generate.py --fix``) must be fresh on the tree that carries it.
+(``release-0.5.22``), the series' code on 0.5.23 + upstream-next (``next-patched``). On both, every case must match
+one rank to 1e-5, the split must hand the kernel at most 1.2x the KV the ranks hold where the prefixes are in the
+thousands, each control must be caught, and the kernel check must pass the oracle and stop each broken kernel, called
+alone and at the backend's first verify; on the stock tree without the hooks every case with N > 1 must fail. The
+map's readings of the verify with the fix (``tools/passmap/generate.py --fix``) and the docs' numbers tables
+(``verify-numbers-*`` in docs/verify-under-dcp.md, ``verify-pr-numbers`` in docs/upstreaming.md) must be fresh on
+the tree that carries it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import docblocks
+
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
-# The tree label -> how verify_dcp.py applies the fix there, the passmap --fix name of its readings, and the DCP
-# widths the fix runs at: the narrowest and widest on 0.5.23 (the plugin's hooks, and the series), the widest on
-# 0.5.22 (the plugin's hooks on the same code). dcp 4 is in the generator's full matrix (docs/verify-under-dcp.md);
-# the suite keeps within its time.
-HOMES = {"next-stock": ("plugin", "plugin", "2,8"), "next-patched": ("none", "upstream-next", "2,8"),
-         "release-0.5.22": ("plugin", "plugin", "8")}
+# The tree label -> how verify_dcp.py applies the fix there, the passmap --fix name of its readings, the DCP
+# widths the fix runs at (the narrowest and widest on 0.5.23, for the plugin's hooks and the series; the widest on
+# 0.5.22, the plugin's hooks on the same code; dcp 4 is in the generated tables), and the docs blocks whose numbers
+# it checks.
+HOMES = {"next-stock": ("plugin", "plugin", "2,8", ("verify-numbers-plugin",)),
+         "next-patched": ("none", "upstream-next", "2,8", ("verify-numbers-series", "verify-pr-numbers")),
+         "release-0.5.22": ("plugin", "plugin", "8", ())}
 pytestmark = pytest.mark.skipif(TREE not in HOMES, reason=f"the verify fix is written for the flashinfer MLA backend "
                                                           f"of sglang 0.5.22 and 0.5.23 (trees {', '.join(HOMES)}), "
                                                           f"not {TREE}")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-TOLERANCE, STOCK_FAILS_OVER = 1e-5, 1e-2
-CONTROLS = ("shift-write", "all-ids", "bottom-right")
+TOLERANCE, STOCK_FAILS_OVER, KV_RATIO_BOUND = 1e-5, 1e-2, 1.2
+CONTROLS = ("shift-write", "all-ids", "bottom-right", "window-off-by-one")
+SHAPES = 11
+LONG = ("long-prefixes-page1", "long-prefixes-page64", "long-prefixes-eagle")
 # The controls run eager at dcp 8 on prefixes shorter than N (ranks that hold no key of a request); the fix runs
 # on every shape at this tree's widths, eager and graph, in the same process.
 CONTROL_CASES = "short-prefixes"
@@ -41,7 +52,7 @@ CONTROL_CASES = "short-prefixes"
 def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1")
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=900)
+                          timeout=1500)
 
 
 @functools.cache
@@ -52,7 +63,7 @@ def _numbers(*args: str) -> dict:
 
 
 def _fixed_and_controls() -> dict:
-    fix, _, widths = HOMES[TREE]
+    fix, _, widths, _ = HOMES[TREE]
     return _numbers("--fix", fix, "--dcp", widths, "--control", ",".join(("none", *CONTROLS)),
                     "--control-cases", CONTROL_CASES, "--control-dcp", "8", "--control-modes", "eager")["runs"]
 
@@ -65,9 +76,18 @@ def _table(rows: list[dict]) -> str:
 def test_the_fixed_verify_matches_one_rank_in_every_case():
     widths = HOMES[TREE][2]
     rows = _fixed_and_controls()["None"]
-    assert len(rows) == 6 * len(widths.split(",")) * 2  # shapes x widths x eager and graph
+    assert len(rows) == SHAPES * len(widths.split(",")) * 2  # shapes x widths x eager and graph
     bad = [r for r in rows if r["outcome"] != "matches" or r["error"] > TOLERANCE]
     assert not bad, _table(bad)
+
+
+def test_the_split_hands_the_kernel_what_the_ranks_hold_on_long_prefixes():
+    """KV tokens handed to the kernel, all ranks, filler slots included, over the tokens they hold: at most 1.2x
+    where the prefixes are in the thousands (the per-row design handed 7x at dcp 8, DSpark block 7)."""
+    rows = [r for r in _fixed_and_controls()["None"] if r["case"] in LONG and r["dcp"] == 8]
+    assert {r["mode"] for r in rows} == {"eager", "graph"} and {r["case"] for r in rows} == set(LONG)
+    over = [r for r in rows if r["kv_handed"] > KV_RATIO_BOUND * r["kv_held"]]
+    assert not over, [(r["case"], r["mode"], r["kv_handed"], r["kv_held"]) for r in over]
 
 
 def test_each_control_is_caught():
@@ -80,7 +100,7 @@ def test_each_control_is_caught():
 
 
 def test_stock_fails_every_case_with_more_than_one_rank():
-    fix, _, widths = HOMES[TREE]
+    fix, _, widths, _ = HOMES[TREE]
     if fix != "plugin":
         pytest.skip("the series' own code carries the fix on this tree")
     rows = _numbers("--fix", "none", "--dcp", widths)["runs"]["None"]
@@ -88,7 +108,86 @@ def test_stock_fails_every_case_with_more_than_one_rank():
     assert not passed, _table(passed)
 
 
+def test_the_kernel_check_passes_the_oracle_and_stops_each_broken_kernel():
+    """Called alone and at the backend's first verify under DCP (its wrapper the kernel under test): the oracle
+    passes and the verify runs; each broken kernel stops in one line naming the assumption it breaks."""
+    fix = HOMES[TREE][0]
+    kernels = _numbers("--kernel-check", "--fix", fix)["kernels"]
+    assert kernels["oracle"] == {"check": "passes", "verify": "runs"}, kernels["oracle"]
+    for kernel, assumption in (("lse-base-e", "lse-base"), ("top-left", "causal"), ("drops-empty-row", "rows")):
+        found = kernels[kernel]
+        assert found["check"] == f"stops: {assumption}", (kernel, found)
+        assert "\n" not in found["message"] and "--dcp-size 1" in found["message"], found["message"]
+        assert assumption in found["verify"] and "cannot run on this kernel" in found["verify"], (kernel, found)
+
+
 def test_the_maps_readings_of_the_fixed_verify_are_fresh():
-    _, fix, _ = HOMES[TREE]
+    _, fix, _, _ = HOMES[TREE]
     out = _run(REPO / "tools" / "passmap" / "generate.py", "--fix", fix, "--check")
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+
+
+# ---------------------------------------------------------------- the docs' numbers, against this run
+
+ERROR = re.compile(r"\d\.\de[-+]\d\d")
+
+
+def committed_rows(name: str) -> dict:
+    """(case, dcp) -> (outcome, [errors], [KV ratios]) as the docs' block ``name`` shows them. The full table has a
+    row per case and N; the PR's a row per case, with the errors at N = 2 / 4 / 8 and the ratio at N = 8."""
+    out = {}
+    for line in docblocks.block(name).body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[1].isdigit():
+            out[(cells[0], int(cells[1]))] = (cells[2], ERROR.findall(cells[3]), re.findall(r"[\d.]+x", cells[4]))
+        elif len(cells) == 4 and cells[2].count("/") == 2 and cells[0] != "case":
+            for dcp, error in zip((2, 4, 8), cells[2].split("/"), strict=True):
+                out[(cells[0], dcp)] = ("matches" if ERROR.search(error) else error.strip(), ERROR.findall(error),
+                                        re.findall(r"[\d.]+x", cells[3]) if dcp == 8 else [])
+    return out
+
+
+def fresh_rows() -> dict:
+    grouped: dict = {}
+    for r in _fixed_and_controls()["None"]:
+        grouped.setdefault((r["case"], r["dcp"]), []).append(r)
+    return {key: ("matches" if all(r["outcome"] == "matches" for r in rows) else rows[0]["outcome"],
+                  [r["error"] for r in rows], [f"{r['kv_handed'] / r['kv_held']:.2f}x" for r in rows])
+            for key, rows in grouped.items()}
+
+
+def stale(committed: dict, fresh: dict) -> list[str]:
+    """The rows of ``committed`` this run contradicts: another outcome, another KV ratio, or an error past the bound
+    or more than 4x off (the last digits of an fp32 error follow the machine's summation order, so a table is not
+    held to them)."""
+    out = []
+    for key, (outcome, errors, ratios) in fresh.items():
+        if key not in committed:
+            out.append(f"{key}: not in the table")
+            continue
+        c_outcome, c_errors, c_ratios = committed[key]
+        if c_outcome != outcome or (c_ratios and set(c_ratios) != set(ratios)):
+            out.append(f"{key}: table {c_outcome} {c_ratios}, now {outcome} {sorted(set(ratios))}")
+        for c in c_errors:
+            if float(c) > TOLERANCE or abs(math.log10(float(c) / max(max(errors), 1e-12))) > math.log10(4):
+                out.append(f"{key}: table error {c}, now {max(errors):.1e}")
+    return out
+
+
+def test_the_docs_numbers_are_this_runs():
+    names = HOMES[TREE][3]
+    if not names:
+        pytest.skip("the docs' tables are generated on 0.5.23 (next-stock, next-patched)")
+    fresh = fresh_rows()
+    for name in names:
+        bad = stale(committed_rows(name), fresh)
+        assert not bad, (f"the {name} block is stale: " + "; ".join(bad[:6])
+                         + f"; fix: python tools/docblocks.py --write {name}")
+
+
+def test_a_stale_table_is_caught():
+    committed = {("a", 8): ("matches", ["7.2e-07"], ["1.02x"])}
+    assert not stale(committed, {("a", 8): ("matches", [6.0e-07], ["1.02x"])})
+    assert stale(committed, {("a", 8): ("matches", [6.0e-07], ["1.10x"])})  # another ratio
+    assert stale(committed, {("a", 8): ("matches", [4.0e-06], ["1.02x"])})  # 5x off
+    assert stale(committed, {("a", 8): ("raises", [], [])})

@@ -9,7 +9,7 @@ answers from. What is checked:
   PASSES, and the line names fa3 and the flag that works (flashinfer);
 - the same launch on flashinfer PASSES, and its line says what was checked;
 - DSPARK + HiCache at dcp 8 with ``--attention-backend flashinfer``: where 0.5.23's
-  verify is planned per draft token (the series' 0012, the plugin's hooks) it
+  verify is planned split under DCP (the series' 0012, the plugin's hooks) it
   PASSES and names that fix and its evidence; everywhere else the verify reads
   other tokens' KV;
 - a Blackwell-only backend on an emulated B200 gets sglang's verdict, not "only
@@ -66,7 +66,7 @@ def test_plain_dcp_on_flashinfer_passes_and_says_what_was_checked():
 
 
 def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
-    """The verify under DCP on flashinfer MLA is planned per draft token where 0.5.23's code is patched (the series'
+    """The verify under DCP on flashinfer MLA is planned split where 0.5.23's code is patched (the series'
     0012) or 0.5.22's and 0.5.23's hooked (the plugin): there PASSES, naming the fix and its evidence. Elsewhere, without the plugin, a
     broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache + DCP: its gate, exit 1);
     with the plugin, refused, naming the verify."""
@@ -112,7 +112,7 @@ def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
     """sglang picks trtllm_mla for DeepSeek-V3 on a B200, and its factory refuses speculative decoding under DCP when
     the model runner builds it (the map's probe): never PASSES. The plugin and the series leave that refusal to
     sglang; the line names cutedsl_mla, the backend PR #35221 was validated on, or flashinfer where its verify is
-    planned per draft token (the plugin's hooks on 0.5.22 and 0.5.23, the series on 0.5.23)."""
+    planned split (the plugin's hooks on 0.5.22 and 0.5.23, the series on 0.5.23)."""
     for env in (OFF, None):
         code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=env)
         if env is OFF and not report["stock"]["passed"]:  # 0.5.17's own HiCache gate, stock: refused first
@@ -120,7 +120,7 @@ def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
             continue
         assert code == 5 and "BACKEND_INIT on trtllm_mla (stops at startup)" in _line(report), _line(report)
         if TREE in FIXED_TREES and (env is None or TREE in SERIES_TREES):
-            # with the verify planned per draft token, flashinfer MLA runs it on this node too
+            # with the verify planned split, flashinfer MLA runs it on this node too
             assert "use --attention-backend flashinfer" in _line(report) and "not yet run on a GPU" in _line(report)
         else:
             assert "--attention-backend cutedsl_mla" in _line(report), _line(report)

@@ -78,7 +78,7 @@ def test_what_each_hook_needs_on_this_release(verdicts):
         if since("0.5.23"):
             want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
         if since(hooks.VERIFY_FIX_SINCE):
-            # The verify under DCP planned per draft token: the flashinfer MLA verify of 0.5.22 and 0.5.23.
+            # The verify under DCP planned split: the flashinfer MLA verify of 0.5.22 and 0.5.23.
             want |= {h.target for h in hooks.HOOKS if h.module == hooks.FLASHINFER_MLA}
         if passes.measured(RELEASE) and passes.broken_kinds(RELEASE):
             # The speculative check, where the pass map shows a launch kind reading other rows under DCP.

@@ -3,7 +3,7 @@
 preflight names the passes the map shows reading other rows on every tree,
 and never says PASSES for them; with the fix (the series or the plugin) the
 broken pairs the map ran are refused at argument time in the series' words,
-and the verify on flashinfer MLA is planned per draft token (0012-0013), so
+and the verify on flashinfer MLA is planned split under DCP (0012-0013), so
 DSPARK and external EAGLE drafts there PASS, naming that fix and its evidence.
 The plan check (0009, hardening: nothing admits a packed or an EAGLE draft
 under DCP + HiCache now) is tested on sglang's own pools with the plugin's
@@ -65,7 +65,7 @@ def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
     On flashinfer MLA (named: on the emulated H200 sglang would pick fa3): stock 0.5.23 admits it without HiCache
     (BROKEN PASS, exit 5); the HiCache gate refuses it (exit 1), and so do the series and the plugin (0008, 0013).
     Either way the line names the passes the map shows reading other rows: the verify too on stock; with the fix
-    (0012, the plugin's hooks) the verify is planned per draft token and the draft's own passes remain.
+    (0012, the plugin's hooks) the verify is planned split and the draft's own passes remain.
     """
     code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN", *FLASHINFER)
     line = report["verdict"]["line"]
@@ -93,7 +93,7 @@ def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
     if TREE == "next-stock":
         assert code == 5 and report["stock"]["passed"]
         return
-    assert code == 1  # its verify is planned per draft token now (0012), its own draft passes are not (0013's words)
+    assert code == 1  # its verify is planned split now (0012), its own draft passes are not (0013's words)
     assert report["message"] == f"ValueError: {passes.NEXTN_DRAFT.format(dcp=8, algorithm='EAGLE')}"
 
 
@@ -121,7 +121,7 @@ def test_dspark_with_the_default_draft_backend_reads_its_own_rows_in_the_drafts_
     """The dense DSparkDraftModel on the default draft backend: every draft pass consistent, with and without HiCache.
 
     Its verify is the target's. On stock flashinfer MLA the map shows it reading other rows: stock 0.5.23 admits it
-    (BROKEN PASS). The series (0012) and the plugin's hooks plan it per draft token: it PASSES, and the line names
+    (BROKEN PASS). The series (0012) and the plugin's hooks plan it split: it PASSES, and the line names
     that fix and its evidence.
     """
     code, report = preflight(*DCP8[:-1], *hicache, *DSPARK, *FLASHINFER)

@@ -1,8 +1,8 @@
-"""upstream-next 0014's test file (the per-draft-token verify plan under DCP), run with unittest on this tree.
+"""upstream-next 0014's test file (the split verify plan under DCP), run with unittest on this tree.
 
-It imports ``plan_dcp_verify_rows`` from sglang's DCP planner, which 0012 adds: on the patched tree its three tests
-pass; stock 0.5.23 has no such function, and neither has the plugin's tree (the plugin carries the fix as hooks on
-the flashinfer MLA backend, test/numerics), so there the file does not import.
+It imports ``plan_dcp_split_verify`` from ``sglang.srt.layers.dcp.split_verify``, the module 0012 adds: on the
+patched tree its three tests pass; stock 0.5.23 has no such module, and neither has the plugin's tree (the plugin
+carries the fix as hooks on the flashinfer MLA backend, test/numerics), so there the file does not import.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 
 from trees import TREE, run_upstream_test_file
 
-VERIFY_FILE = "test/registered/unit/layers/test_dcp_verify_rows.py"
+VERIFY_FILE = "test/registered/unit/layers/test_dcp_split_verify.py"
 SERIES_TREES = ("next-patched",)
 
 
 def test_the_verify_plan_tests_pass_where_the_series_carries_the_planner(series, tmp_path):
     if TREE not in SERIES_TREES:
-        with pytest.raises(ImportError, match="plan_dcp_verify_rows"):
+        with pytest.raises(ImportError, match="split_verify"):
             run_upstream_test_file(series, VERIFY_FILE, tmp_path)
         return
     result = run_upstream_test_file(series, VERIFY_FILE, tmp_path)

@@ -53,10 +53,13 @@ class Plan:
 
 
 class MLAOracle:
-    """``plan`` and ``run`` with the wrapper's signatures; ``run`` returns ``out`` or ``(out, lse)``."""
+    """``plan`` and ``run`` with the wrapper's signatures; ``run`` returns ``out`` or ``(out, lse)``.
 
-    def __init__(self) -> None:
+    ``top_left`` and ``lse_base_e`` break the contract on purpose, for the kernel check's controls."""
+
+    def __init__(self, *, top_left: bool = False, lse_base_e: bool = False) -> None:
         self.planned: Plan | None = None
+        self.top_left, self.lse_base_e = top_left, lse_base_e
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
              causal, sm_scale, q_data_type=None, kv_data_type=None) -> None:
@@ -100,7 +103,8 @@ class MLAOracle:
             qn, qr = q_nope[q0:q1].double(), q_pe[q0:q1].double()
             score = (torch.einsum("qhd,kd->qhk", qn, keys_c) + torch.einsum("qhd,kd->qhk", qr, keys_r)) * p.sm_scale
             if p.causal:
-                last = torch.arange(q1 - q0) + (n - (q1 - q0))  # bottom-right: query j sees keys 0 .. n - q + j
+                # bottom-right: query j sees keys 0 .. n - q + j (top-left, the control: keys 0 .. j)
+                last = torch.arange(q1 - q0) + (0 if self.top_left else n - (q1 - q0))
                 hidden = torch.arange(n)[None, :] > last[:, None]
                 score = score.masked_fill(hidden[:, None, :], float("-inf"))
             top = score.amax(-1, keepdim=True)
@@ -108,7 +112,8 @@ class MLAOracle:
             weight = torch.where(seen, torch.exp(score - torch.where(seen, top, 0.0)), 0.0)
             total = weight.sum(-1)
             o[q0:q1] = torch.einsum("qhk,kd->qhd", weight, keys_c) / torch.where(total > 0, total, 1.0)[..., None]
-            s[q0:q1] = torch.where(total > 0, (torch.log(total) + top.squeeze(-1)) * LOG2E, float("-inf"))
+            base = 1.0 if self.lse_base_e else LOG2E
+            s[q0:q1] = torch.where(total > 0, (torch.log(total) + top.squeeze(-1)) * base, float("-inf"))
         result = o.to(q_nope.dtype)
         if out is not None:
             out.copy_(result)
@@ -120,6 +125,77 @@ class MLAOracle:
             lse.copy_(s)
             s = lse
         return result, s
+
+
+class OracleMLAWrapper:
+    """``BatchMLAPagedAttentionWrapper`` as its constructor, ``plan`` and ``run`` are documented, computed by
+    :class:`MLAOracle`. Built with ``use_cuda_graph=True``, it is bound to the buffers it is given: ``plan``
+    copies into them (each of the size flashinfer copies into: the indptrs and lengths whole, the ids as a
+    prefix) and ``run`` reads the plan from them, so a buffer rebound or overwritten between plan and run shows."""
+
+    oracle_options: dict = {}
+
+    def __init__(self, float_workspace_buffer=None, use_cuda_graph: bool = False, qo_indptr=None, kv_indptr=None,
+                 kv_indices=None, kv_len_arr=None, backend: str = "auto") -> None:
+        self.oracle = MLAOracle(**self.oracle_options)
+        self.use_cuda_graph = use_cuda_graph
+        self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
+        self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
+        self._plan_args: tuple | None = None
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type=None, kv_data_type=None, use_profiler: bool = False) -> None:
+        if self.use_cuda_graph:
+            for name, buf, value in (("qo_indptr", self._qo_indptr_buf, qo_indptr),
+                                     ("kv_indptr", self._kv_indptr_buf, kv_indptr),
+                                     ("kv_len_arr", self._kv_len_arr_buf, kv_len_arr)):
+                if buf is None or buf.numel() != value.numel():
+                    raise PlanError(f"plan: {name} has {value.numel()} entries, the CUDA-graph buffer bound at "
+                                    f"construction {None if buf is None else buf.numel()}")
+                buf.copy_(value)
+            if self._kv_indices_buf is None or self._kv_indices_buf.numel() < kv_indices.numel():
+                raise PlanError(f"plan: {kv_indices.numel()} kv_indices, more than the CUDA-graph buffer holds")
+            if kv_indices.data_ptr() != self._kv_indices_buf.data_ptr():
+                self._kv_indices_buf[: kv_indices.numel()].copy_(kv_indices)
+            qo_indptr, kv_indptr, kv_len_arr = self._qo_indptr_buf, self._kv_indptr_buf, self._kv_len_arr_buf
+            kv_indices = self._kv_indices_buf
+        self._plan_args = (qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
+                           page_size, causal, sm_scale)
+        self.oracle.plan(*self._plan_args)
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False, **_unused):
+        if self.use_cuda_graph and self._plan_args is not None:  # the kernel reads the bound buffers as they are now
+            self.oracle.plan(*self._plan_args)
+        return self.oracle.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=return_lse)
+
+
+class BaseELseWrapper(OracleMLAWrapper):
+    """Control for the kernel check: returns its LSE in base e."""
+
+    oracle_options = {"lse_base_e": True}
+
+
+class TopLeftWrapper(OracleMLAWrapper):
+    """Control for the kernel check: ``causal=True`` aligns the queries top-left."""
+
+    oracle_options = {"top_left": True}
+
+
+class DropsEmptyRowWrapper(OracleMLAWrapper):
+    """Control for the kernel check: takes a row planned with one slot (the filler an empty row gets) for a row
+    with no key and drops its result: output 0, LSE -inf. A row that really holds one key is lost with it."""
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False, **_unused):
+
+        result = super().run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=True)
+        o, s = result
+        p = self.oracle.planned
+        for i, n in enumerate(p.kv_len):
+            if n == 1:
+                o[p.qo_indptr[i]: p.qo_indptr[i + 1]] = 0
+                s[p.qo_indptr[i]: p.qo_indptr[i + 1]] = float("-inf")
+        return (o, s) if return_lse else o
+BROKEN_KERNELS = {"lse-base-e": BaseELseWrapper, "top-left": TopLeftWrapper, "drops-empty-row": DropsEmptyRowWrapper}
 
 
 def _ints(x) -> list[int]:

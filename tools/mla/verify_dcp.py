@@ -32,10 +32,12 @@ caught: ``shift-write`` writes each prefix token one physical row off,
 keys (flashinfer's bottom-right bound on rank-local lengths).
 
 Usage: PYTHONPATH=build/trees/sglang-X .venv/bin/python tools/mla/verify_dcp.py [--fix plugin|none]
-       [--control NAME[,NAME...]] [--cases a,b] [--dcp 2,4,8] [--modes eager,graph] [--json | --markdown]
+       [--control NAME[,NAME...]] [--cases a,b] [--dcp 2,4,8] [--modes eager,graph]
+       [--json | --markdown | --pr-markdown | --kernel-check]
        [--control-cases a,b] [--control-dcp 8] [--control-modes eager]
        (``--control none`` is the run without a control, so one process can give both; the --control-* options
-       narrow the controls' runs)
+       narrow the controls' runs; ``--kernel-check`` runs the carrier's kernel check on the oracle and on each
+       broken kernel of ``mla.oracle``, alone and at the backend's first verify, and prints JSON)
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ class Shape:
     page_size: int
     hicache: bool = False  # the prefix backed up, evicted and loaded back into other pages before the verify
 
+    @property
+    def what(self) -> str:
+        """The shape in words, for the PR's table."""
+        kind = f"DSpark block {self.draft_tokens}" if self.algorithm == "DSPARK" else f"EAGLE chain of {self.draft_tokens}"
+        prefixes = ", ".join(f"{h:,}" for h in self.prefixes)
+        return f"{kind}, prefixes {prefixes}, page {self.page_size}" + (", after a HiCache load-back" if self.hicache
+                                                                        else "")
+
 
 SHAPES = (
     Shape("dspark-block7-page1", "DSPARK", (37, 5, 130), 7, 1),  # three requests of different lengths
@@ -88,10 +98,22 @@ SHAPES = (
     Shape("short-prefixes", "DSPARK", (1, 6), 7, 1),  # shorter than N: some ranks hold no key of a request
     # At the page size test/datapath's host stack is built with (4).
     Shape("after-load-back", "DSPARK", (37, 70), 7, 4, hicache=True),
+    # Prefixes in the thousands, where the verify's cost is the prefix: the split hands it to the kernel once.
+    Shape("long-prefixes-page1", "DSPARK", (2000, 2345), 7, 1),
+    Shape("long-prefixes-page64", "DSPARK", (2000, 2345), 7, 64),
+    Shape("long-prefixes-eagle", "EAGLE", (2100, 3001), 4, 64),
+    # At dcp 8, ranks 3 to 7 hold no key of the first request's prefix, and ranks 1 to 7 none of the second's.
+    Shape("no-prefix-key", "DSPARK", (3, 1), 7, 1),
+    # An EAGLE chain of 2 on prefixes of 16 and 40: at dcp 4 and 8 the window sits on ranks 0 and 1 only, so
+    # every draft token's window keys are on other ranks for ranks 2 and up (and for token 0 on rank 1).
+    Shape("window-on-other-ranks", "EAGLE", (16, 40), 2, 1),
 )
 DCP_SIZES = (2, 4, 8)
 MODES = ("eager", "graph")
-CONTROLS = ("shift-write", "all-ids", "bottom-right")
+CONTROLS = ("shift-write", "all-ids", "bottom-right", "window-off-by-one")
+# The split verify's numbers handed to the kernel, against what the ranks hold, must stay within this where the
+# prefixes are in the thousands (the window and the filler slots are all it adds to the prefix).
+KV_RATIO_BOUND = 1.2
 
 
 # ---------------------------------------------------------------- the batch, its locs and its values
@@ -237,69 +259,51 @@ def model_runner(pool, layout: Layout, translator):
 
 
 def oracle_wrapper_class():
-    """flashinfer's ``BatchMLAPagedAttentionWrapper`` as the oracle: it records the plan (``RecordingWrapper``),
-    copies it into the buffers a CUDA-graph wrapper is bound to (as flashinfer does, sizes checked), and ``run``
-    computes what the kernel computes from it."""
-    from mla.oracle import MLAOracle
-    from passmap.generate import RecordingWrapper
+    """flashinfer's ``BatchMLAPagedAttentionWrapper`` as the oracle (``mla.oracle.OracleMLAWrapper``: bound to its
+    CUDA-graph buffers as flashinfer's is, sizes checked), plus what sglang's sync-free replay plans call
+    (``_cached_module.plan``, for stock's graph verify) and the ``bottom-right`` control."""
+    import torch
 
-    class OracleWrapper(RecordingWrapper):
+    from mla.oracle import BROKEN_KERNELS, OracleMLAWrapper
+
+    kernel = CURRENT.get("kernel", "oracle")
+    base = BROKEN_KERNELS.get(kernel, OracleMLAWrapper)
+
+    class OracleWrapper(base):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.oracle = MLAOracle()
+            self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
+            self._pin_memory_int_workspace_buffer = torch.empty(0)
             self.head_dim_kpe = None
             wrapper = self
 
             class _Module:  # sglang's sync-free replay plans (fast_mla_prefill_plan) call this
                 def plan(self, float_ws, int_ws, pin_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_ckv,
                          causal):
-                    wrapper._planned(qo_indptr, kv_indptr, wrapper._kv_indices_buf, kv_len_arr, num_heads,
-                                     head_dim_ckv, wrapper.head_dim_kpe, wrapper._page_size, causal, wrapper._sm_scale)
+                    wrapper._plan_args = (wrapper._qo_indptr_buf, wrapper._kv_indptr_buf, wrapper._kv_indices_buf,
+                                          wrapper._kv_len_arr_buf, num_heads, head_dim_ckv, wrapper.head_dim_kpe,
+                                          wrapper._page_size, causal, wrapper._sm_scale)
+                    wrapper.oracle.plan(*wrapper._plan_args)
 
             self._cached_module = _Module()
 
         def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
                  page_size, causal, sm_scale, *dtypes, **kwargs):
-            if CURRENT.get("control") == "bottom-right" and not causal:
-                qo_indptr, kv_indptr, kv_indices, kv_len_arr, causal = bottom_right(qo_indptr, kv_indptr, kv_indices)
-            super().plan(qo_indptr, kv_indptr, kv_indices)
+            if CURRENT.get("control") == "bottom-right" and not causal and len(qo_indptr) > 1 \
+                    and int((qo_indptr[1:] - qo_indptr[:-1]).max()) > 1:
+                causal = True  # the prefix row bounded by flashinfer's bottom-right mask on the rank's own keys
             self.head_dim_kpe, self._page_size, self._sm_scale = head_dim_kpe, page_size, sm_scale
-            if self.use_cuda_graph:  # flashinfer copies the plan into the buffers bound at construction
-                self._qo_indptr_buf.copy_(qo_indptr)
-                self._kv_indptr_buf.copy_(kv_indptr)
-                self._kv_len_arr_buf.copy_(kv_len_arr)
-                qo_indptr, kv_indptr, kv_len_arr = self._qo_indptr_buf, self._kv_indptr_buf, self._kv_len_arr_buf
-                kv_indices = self._kv_indices_buf
-            self._planned(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-                          page_size, causal, sm_scale)
+            super().plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
+                         page_size, causal, sm_scale)
 
-        def _planned(self, *args) -> None:
-            self.oracle.plan(*args)
+        @property
+        def kv_tokens(self) -> int:
+            """KV tokens the last plan hands the kernel (page size times pages, as planned)."""
+            planned = self.oracle.planned
+            return 0 if planned is None else sum(planned.kv_len)
 
-        def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False, **kwargs):
-            return self.oracle.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=return_lse)
-
+    OracleWrapper.__qualname__ = f"OracleWrapper[{kernel}]"  # the kernel check's once-per-process key
     return OracleWrapper
-
-
-def bottom_right(qo_indptr, kv_indptr, kv_indices):
-    """The control's plan: the per-row plan folded back to one causal run per request over the rank's own keys.
-    A request's rows are consecutive and its last row holds every key of the request this rank has."""
-    import torch
-
-    ends = CURRENT["row_ends"]  # each request's last row, from the shape
-    kv = kv_indptr.tolist()
-    qo, kvp, ids, lens = [0], [0], [], []
-    start = 0
-    for end in ends:
-        lo, hi = kv[end], kv[end + 1]
-        ids.append(kv_indices[lo:hi])
-        lens.append(hi - lo)
-        qo.append(qo[-1] + end + 1 - start)
-        kvp.append(kvp[-1] + hi - lo)
-        start = end + 1
-    return (torch.tensor(qo, dtype=torch.int32), torch.tensor(kvp, dtype=torch.int32), torch.cat(ids),
-            torch.tensor(lens, dtype=torch.int32), True)
 
 
 CURRENT: dict = {}
@@ -341,6 +345,11 @@ def verify_batch(shape: Shape, layout: Layout, spec, *, capture: bool = False):
                    positions=positions, out_cache_loc=window)
     b.out_cache_loc_is_physical = True
     b.attn_attend_prefix_cache = None  # a verify attends its prefix through the paged plan, not in MHA chunks
+    if not capture and hasattr(spec, "live_seq_lens_cpu"):
+        # DSpark's verify carries the committed lengths on the host (dspark_verify.run_non_compact); its batch's
+        # seq_lens_cpu then counts the window too.
+        spec.live_seq_lens_cpu = lens.clone()
+        b.seq_lens_cpu = lens + n
     return b
 
 
@@ -356,9 +365,10 @@ def backend_for(pool, layout: Layout):
     return fmb.FlashInferMLAAttnBackend(model_runner(pool, layout, translator), skip_prefill=False)
 
 
-def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int = 0, ops=None):
+def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int = 0, ops=None, handed=None):
     """One rank's verify: its pool, its backend's metadata, its forward. Returns what the model unpacks at a DCP
-    phase, ``(out, lse)``, or at one rank the output alone."""
+    phase, ``(out, lse)``, or at one rank the output alone. ``handed`` gets the KV tokens its plans hand the
+    kernel (both sides of a split verify, filler slots included)."""
     import torch
 
     from passmap import generate as passmap
@@ -386,6 +396,10 @@ def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int =
 
         fmb = importlib.import_module(FMB)
         be.forward_metadata = fmb.PrefillMetadata(be.prefill_cuda_graph_metadata[be._verify_graph_key(bs, spec)], False)
+    if handed is not None:
+        wrapper = be.forward_metadata.prefill_wrapper
+        split = getattr(wrapper, "_dcp_split", None)
+        handed.append(wrapper.kv_tokens if split is None else split.prefix.kv_tokens + split.window.kv_tokens)
     window_c = torch.cat([kv[r][0][h:h + shape.draft_tokens] for r, h in enumerate(shape.prefixes)])
     window_k = torch.cat([kv[r][1][h:h + shape.draft_tokens] for r, h in enumerate(shape.prefixes)])
     result = be.forward(q[0].clone(), window_c[:, None, :], window_c[:, None, :], LAYER, live, save_kv_cache=True,
@@ -482,39 +496,72 @@ def fix_in_effect(fix: str):
         yield findings
 
 
+# Where each carrier keeps the split verify's pieces a control replaces: the plugin's module, and the series'
+# (upstream-next 0012) module with the backend module that imports its names.
+PLANNERS = (("sglang_dcp_dspark.plugin.dcp_verify", "plan_split"), ("sglang.srt.layers.dcp.split_verify",
+            "plan_dcp_split_verify"), (FMB, "plan_dcp_split_verify"))
+ID_BUILDERS = (("sglang_dcp_dspark.plugin.dcp_verify", "build_ids"), ("sglang.srt.layers.dcp.split_verify",
+               "build_dcp_split_verify_ids"), (FMB, "build_dcp_split_verify_ids"))
+WINDOW_BOUNDS = (("sglang_dcp_dspark.plugin.dcp_verify", "window_keys"), ("sglang.srt.layers.dcp.split_verify",
+                 "dcp_window_keys"))
+
+
 @contextlib.contextmanager
 def control(name: str | None):
-    """A control breaks one thing on purpose. ``all-ids``: the row planner sees one rank of one (every position
-    is "this rank's", and every id is translated ``// N``), wherever the planner lives (the plugin's or the
-    series'); ``bottom-right``: the oracle wrapper folds the rows back to one causal run per request."""
+    """A control breaks one thing on purpose, wherever the split verify lives (the plugin's or the series').
+    ``all-ids``: the planner sees one rank of one, so every position is "this rank's" and every id is
+    translated ``// N``; ``bottom-right``: the oracle bounds each prefix row with flashinfer's bottom-right causal
+    mask on the rank's own keys; ``window-off-by-one``: each draft token's window reaches one position past its
+    own (its successor's KV)."""
+    import importlib
+
     saved = []
+
+    def replace(homes, make) -> None:
+        for module_name, attr in homes:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            real = getattr(module, attr, None)
+            if real is None:
+                continue
+            setattr(module, attr, make(real))
+            saved.append((module, attr, real))
+
+    def one_rank(real):
+        def planner(*args, _real=real, **kwargs):
+            CURRENT["dcp"] = kwargs["dcp_size"]
+            kwargs.update(dcp_size=1, dcp_rank=0)
+            return _real(*args, **kwargs)
+        return planner
+
+    def translated(real):
+        def build(plan, source, req_pool_indices, prefix_out, window_out, meta, *args, _real=real, **kwargs):
+            _real(plan, source, req_pool_indices, prefix_out, window_out, meta, *args, **kwargs)
+            dcp = CURRENT["dcp"]
+            prefix_out[: int(plan.prefix_kv_indptr[-1])] //= dcp
+            window_out[: int(plan.window_kv_indptr[-1])] //= dcp
+        return build
+
+    def past_own(real):
+        def bound(prefix_lens, j, dcp_size, dcp_rank, _real=real):
+            return _real(prefix_lens, j + 1, dcp_size, dcp_rank)
+        return bound
+
     try:
         if name == "all-ids":
-            import importlib
-
-            # The plugin's planner, and the series' (0012) where the planner module defines it and the backend
-            # module binds it by name.
-            homes = [("sglang_dcp_dspark.plugin.dcp_verify", "verify_rows"),
-                     ("sglang.srt.layers.dcp.planner", "plan_dcp_verify_rows"), (FMB, "plan_dcp_verify_rows")]
-            for module_name, attr in homes:
-                module = importlib.import_module(module_name)
-                real = getattr(module, attr, None)
-                if real is None:
-                    continue
-
-                def one_rank(*args, _real=real, **kwargs):
-                    kwargs.update(dcp_size=1, dcp_rank=0)
-                    return _real(*args, **kwargs)
-
-                setattr(module, attr, one_rank)
-                saved.append((module, attr, real))
+            replace(PLANNERS, one_rank)
+            replace(ID_BUILDERS, translated)
+        elif name == "window-off-by-one":
+            replace(WINDOW_BOUNDS, past_own)
         elif name == "bottom-right":
             CURRENT["control"] = "bottom-right"
         elif name not in (None, "shift-write"):
             raise ValueError(f"unknown control {name!r}; expected one of {', '.join(CONTROLS)}")
         yield
     finally:
-        for module, attr, real in saved:
+        for module, attr, real in reversed(saved):
             setattr(module, attr, real)
         CURRENT.pop("control", None)
 
@@ -539,17 +586,16 @@ def run_case(shape: Shape, dcp: int, modes=MODES, *, fix: str = "none", control_
 
     kv, q = values(shape)
     reference = reference_for(shape) if reference is None else reference
-    n = shape.draft_tokens
-    CURRENT["row_ends"] = [(r + 1) * n - 1 for r in range(len(shape.prefixes))]
+    held = sum(h + shape.draft_tokens for h in shape.prefixes)  # every position sits on exactly one rank
     results, merged_by = {}, []
     for mode in modes:
         layout = Layout(shape, dcp)
-        partials = []
+        partials, handed = [], []
         try:
             with fix_in_effect(fix), control(control_name):
                 for rank in range(dcp):
                     with passmap.on_rank(dcp, rank) as ops, attention_tp(dcp):
-                        partials.append(rank_partial(shape, layout, kv, q, mode, ops=ops,
+                        partials.append(rank_partial(shape, layout, kv, q, mode, ops=ops, handed=handed,
                                                      shift=1 if control_name == "shift-write" else 0))
                 merged = next((m for p, m in merged_by if same(p, partials)), None)
                 if merged is None:
@@ -562,10 +608,11 @@ def run_case(shape: Shape, dcp: int, modes=MODES, *, fix: str = "none", control_
         per = HEADS // dcp
         error = max(float((merged[r].reshape(-1, per, KV_LORA_RANK) - reference[:, r * per:(r + 1) * per]).abs().max())
                     for r in range(dcp))
+        ratio = {"kv_handed": sum(handed), "kv_held": held}
         if not math.isfinite(error):
-            results[mode] = {"outcome": "differs", "error": error, "detail": "non-finite output"}
+            results[mode] = {"outcome": "differs", "error": error, "detail": "non-finite output", **ratio}
         else:
-            results[mode] = {"outcome": "matches" if error <= TOLERANCE else "differs", "error": error}
+            results[mode] = {"outcome": "matches" if error <= TOLERANCE else "differs", "error": error, **ratio}
     return results
 
 
@@ -604,19 +651,83 @@ def measure(*, fix: str, control_name: str | None = None, names: list[str] | Non
 def markdown(rows: list[dict], *, fix: str, control_name: str | None) -> str:
     import importlib
 
-    series = hasattr(importlib.import_module(FMB), "plan_dcp_verify_rows")
+    series = hasattr(importlib.import_module(FMB), "plan_dcp_split_verify")
     tree = f"sglang {release()}" + (" + upstream-next (0012)" if series else "")
     what = "the plugin's hooks" if fix == "plugin" else "the tree's own code"
     what += f", control {control_name}" if control_name else ""
-    out = [f"{tree}, {what}:", "", "| case | dcp | outcome | max error (eager, graph) |", "|---|---|---|---|"]
+    out = [f"{tree}, {what}:", "", "| case | dcp | outcome | max error (eager, graph) | KV handed / held |",
+           "|---|---|---|---|---|"]
     grouped: dict = {}
     for row in rows:
         grouped.setdefault((row["case"], row["dcp"]), []).append(row)
     for (case, dcp), group in grouped.items():
         errors = ", ".join(dict.fromkeys(f"{r['error']:.1e}" if "error" in r else r["detail"] for r in group))
         outcome = "matches" if all(r["outcome"] == "matches" for r in group) else group[0]["outcome"]
-        out.append(f"| {case} | {dcp} | {outcome} | {errors} |")
+        out.append(f"| {case} | {dcp} | {outcome} | {errors} | {ratio_cell(group)} |")
     return "\n".join(out) + "\n"
+
+
+def pr_markdown(rows: list[dict]) -> str:
+    """The PR's table: a row per case, its worst error (eager and graph) at each N, its KV ratio at the widest."""
+    by_case: dict = {}
+    for row in rows:
+        by_case.setdefault(row["case"], {}).setdefault(row["dcp"], []).append(row)
+    widest = max(DCP_SIZES)
+    out = [f"| case | what it holds | max error, N = {' / '.join(str(n) for n in DCP_SIZES)} | "
+           f"KV handed / held, N = {widest} |", "|---|---|---|---|"]
+    shapes = {shape.name: shape for shape in SHAPES}
+    for case, at in by_case.items():
+        errors = []
+        for n in DCP_SIZES:
+            group = at.get(n, [])
+            bad = next((r for r in group if r["outcome"] != "matches"), None)
+            errors.append(bad["outcome"] if bad else f"{max(r['error'] for r in group):.1e}")
+        out.append(f"| {case} | {shapes[case].what} | {' / '.join(errors)} | {ratio_cell(at.get(widest, []))} |")
+    return "\n".join(out) + "\n"
+
+
+def ratio_cell(group: list[dict]) -> str:
+    """KV tokens handed to the kernel over the tokens the ranks hold, per mode run (eager, graph)."""
+    cells = [f"{r['kv_handed'] / r['kv_held']:.2f}x" for r in group if r.get("kv_held")]
+    return ", ".join(dict.fromkeys(cells)) or "-"
+
+
+# ---------------------------------------------------------------- the kernel check
+
+
+def kernel_check(fix: str) -> dict:
+    """The carrier's kernel check (the plugin's, or the series' on a tree with 0012) on the oracle and on each
+    deliberately broken kernel: called directly, and reached through the backend's first verify under DCP. Per
+    kernel: "passes", or the assumption it stops on."""
+    import importlib
+
+    import torch
+
+    from mla.oracle import BROKEN_KERNELS, OracleMLAWrapper
+
+    if fix == "plugin":
+        from sglang_dcp_dspark.plugin.kernel_check import check
+    else:
+        check = importlib.import_module("sglang.srt.layers.dcp.split_verify").check_dcp_verify_kernel
+    shape = SHAPES[4]  # short prefixes: empty rows on both sides at dcp 2
+    out = {}
+    for name, kernel in (("oracle", OracleMLAWrapper), *BROKEN_KERNELS.items()):
+        found = {}
+        try:
+            check(kernel, workspace=None, device="cpu", num_heads=HEADS, head_dim_ckv=KV_LORA_RANK, head_dim_kpe=ROPE,
+                  sm_scale=SM_SCALE, q_dtype=torch.float32, kv_dtype=torch.float32)
+            found["check"] = "passes"
+        except Exception as exc:  # the check's one error type, in either carrier
+            found["check"] = f"stops: {getattr(exc, 'assumption', type(exc).__name__)}"
+            found["message"] = str(exc)
+        CURRENT["kernel"] = name
+        try:
+            result = run_case(shape, 2, ("eager",), fix=fix)["eager"]
+            found["verify"] = "runs" if result["outcome"] == "matches" else result.get("detail", result["outcome"])
+        finally:
+            CURRENT.pop("kernel", None)
+        out[name] = found
+    return out
 
 
 def release() -> str:
@@ -645,11 +756,19 @@ def main(argv: list[str]) -> int:
                     dcp_sizes=tuple(int(x) for x in option("--control-dcp").split(",")) if "--control-dcp" in argv
                     else dcp_sizes,
                     modes=tuple(option("--control-modes").split(",")) if "--control-modes" in argv else modes)
+    if "--kernel-check" in argv:
+        controls = []
     runs = {name: measure(fix=fix, control_name=name, **(narrowed if name else dict(names=names, dcp_sizes=dcp_sizes,
                                                                                        modes=modes)))
             for name in controls}
+    if "--kernel-check" in argv:
+        print(json.dumps({"release": release(), "fix": fix, "kernels": kernel_check(fix)}))
+        return 0
     if "--json" in argv:
         print(json.dumps({"release": release(), "fix": fix, "runs": {str(k): v for k, v in runs.items()}}))
+        return 0
+    if "--pr-markdown" in argv:
+        print(pr_markdown(runs[None]), end="")
         return 0
     if "--markdown" in argv:  # one row per case and N: the worst error over the modes run, or what raised
         for name, rows in runs.items():
@@ -660,7 +779,8 @@ def main(argv: list[str]) -> int:
             print(f"control {name}:")
         for row in rows:
             shown = f"{row['error']:.2e}" if "error" in row else row.get("detail", "")
-            print(f"{row['case']:24} dcp {row['dcp']} {row['mode']:5} {row['outcome']:8} {shown}")
+            held = f"  KV {row['kv_handed'] / row['kv_held']:.2f}x" if row.get("kv_held") else ""
+            print(f"{row['case']:24} dcp {row['dcp']} {row['mode']:5} {row['outcome']:8} {shown}{held}")
     return 0
 
 

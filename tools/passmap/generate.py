@@ -1173,19 +1173,23 @@ def _verify_batch(req, spec, *, seq_len=None, out_cache_loc=None):
 
 def judge_verify(pool, wrapper, req, dcp, rank, striped) -> dict:
     """The verify's reads: one lane for the request (stock: every draft token reads the request's whole run), or,
-    under DCP with the verify planned per draft token (upstream-next 0012, the plugin's flashinfer MLA hooks), one
-    lane per draft token, lane j reading this rank's share of positions 0 .. S + j."""
+    under DCP with the verify split (upstream-next 0012, the plugin's flashinfer MLA hooks), the prefix lane (one
+    per request, all draft tokens) and a window lane per draft token: token j must read this rank's share of
+    positions 0 .. S + j over the two, a side the plan flags empty (its filler slot) reading nothing."""
     S, n = req.S, DRAFT_TOKENS
-    lanes = 0 if wrapper.kv_indptr is None else len(wrapper.kv_indptr) - 1
-    if dcp == 1 or lanes != n:
+    split = getattr(wrapper, "_dcp_split", None)
+    if dcp == 1 or split is None:
         return judge("mla", pool, wrapper.kernel_ids(), owned(req.locs(S + n), striped, dcp, rank))
-    verdicts = [judge("mla", pool, wrapper.kernel_ids(j), owned(req.locs(S + j + 1), striped, dcp, rank))
-                for j in range(n)]
+    plan = split.plan
+    prefix = [] if int(plan.prefix_keys[0]) == 0 else split.prefix.kernel_ids(0)
+    verdicts = [judge("mla", pool, prefix + ([] if int(plan.window_keys[j]) == 0 else split.window.kernel_ids(j)),
+                      owned(req.locs(S + j + 1), striped, dcp, rank)) for j in range(n)]
     wrong = next((v for v in verdicts if v["verdict"] != "consistent"), None)
     if wrong is not None:
-        return {"verdict": wrong["verdict"], "detail": f"planned per draft token: {wrong['detail']}"}
-    return {"verdict": "consistent", "detail": f"planned per draft token: {n} lanes, lane j reading this rank's "
-                                               f"tokens up to position S + j; {verdicts[-1]['detail']}"}
+        return {"verdict": wrong["verdict"], "detail": f"split: {wrong['detail']}"}
+    return {"verdict": "consistent", "detail": f"split: the prefix lane ({len(prefix)} ids) once for the request, a "
+                                               f"window lane per draft token, token j reading this rank's tokens up to "
+                                               f"position S + j; {verdicts[-1]['detail']}"}
 
 
 def pass_target_verify(pool, req, dcp, rank, striped, *, algorithm: str, tr_t) -> dict:
@@ -2241,32 +2245,46 @@ def merge(old: dict | None, records: list[dict], probe_records: list[dict], rel:
 # Who carries the per-draft-token verify on flashinfer MLA: the plugin's hooks on stock sglang, or the series.
 FIXES = ("plugin", "upstream-next")
 VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
-PLAN_HOOK = f"{FMB}.FlashInferMLAIndicesUpdaterPrefill.call_begin_forward"
+PLAN_HOOK = f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata"
+# The kernel check each carrier runs before its first verify under DCP: the map runs no kernel (its wrappers record
+# what they are handed), so the check is left to tools/mla/verify_dcp.py, which runs the oracle.
+KERNEL_CHECKS = (("sglang_dcp_dspark.plugin.kernel_check", "ensure"),
+                 ("sglang.srt.layers.dcp.split_verify", "ensure_dcp_verify_kernel_checked"))
 
 
 @contextlib.contextmanager
 def verify_fix(name: str) -> Iterator[None]:
     """The fix in effect: the plugin's flashinfer MLA hooks, applied through its hook table as the plugin applies
-    them (and only where they judge this release's code needs them), or the series' own code on this tree."""
+    them (and only where they judge this release's code needs them), or the series' own code on this tree; the
+    carriers' kernel checks off (``KERNEL_CHECKS``)."""
     import importlib
 
-    if name == "plugin":
-        from sglang_dcp_dspark.plugin import hooks
+    from sglang_dcp_dspark.core import swap
 
-        with hooks.in_effect(FMB) as findings:
+    with contextlib.ExitStack() as stack:
+        for module_name, attr in KERNEL_CHECKS:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            if hasattr(module, attr):
+                stack.enter_context(swap.attribute(module, attr, lambda *args, **kwargs: None))
+        if name == "plugin":
+            from sglang_dcp_dspark.plugin import hooks
+
+            findings = stack.enter_context(hooks.in_effect(FMB))
             found = findings.get(PLAN_HOOK)
             if found is None or found.verdict.name != "NEEDS_FIX":
                 raise SystemExit(f"error: the plugin's verify hooks do not apply to sglang {release()} "
                                  f"({found.detail if found else 'no flashinfer MLA backend'}); fix: run --fix plugin on "
                                  "a stock 0.5.22 or 0.5.23 tree (PYTHONPATH=build/trees/sglang-0.5.23)")
-            yield
-    elif name == "upstream-next":
-        if not hasattr(importlib.import_module(FMB), "plan_dcp_verify_rows"):
-            raise SystemExit("error: this tree does not carry upstream-next 0012; fix: "
-                             "PYTHONPATH=build/trees/sglang-0.5.23-next (make next-trees)")
+        elif name == "upstream-next":
+            if not hasattr(importlib.import_module(FMB), "plan_dcp_split_verify"):
+                raise SystemExit("error: this tree does not carry upstream-next 0012; fix: "
+                                 "PYTHONPATH=build/trees/sglang-0.5.23-next (make next-trees)")
+        else:
+            raise SystemExit(f"error: --fix {name}: expected one of {', '.join(FIXES)}")
         yield
-    else:
-        raise SystemExit(f"error: --fix {name}: expected one of {', '.join(FIXES)}")
 
 
 def fixed_records(fix: str) -> list[dict]:
@@ -2274,10 +2292,31 @@ def fixed_records(fix: str) -> list[dict]:
     with verify_fix(fix):
         records = measure(dcp_sizes=tuple(n for n in DCP_SIZES if n > 1),
                           only=[c for c in cases() if c[2] == "flashinfer_mla"])
-    # Only under DCP (measured above): at dcp 1 nothing is planned per draft token, and the judge reads dcp > 1 alone.
+    # Only under DCP (measured above): at dcp 1 nothing is planned split, and the judge reads dcp > 1 alone.
     return [{"release": r["release"], "fix": fix, "algorithm": r["algorithm"], "draft_class": r["draft_class"],
              "draft_backend_flag": r["draft_backend_flag"], "dcp": r["dcp"], "rank": r["rank"],
-             "passes": {p: r["passes"][p] for p in VERIFY_PASSES}} for r in records if r["dcp"] > 1]
+             "passes": {p: {**r["passes"][p], "where": fixed_where(fix, p, r["passes"][p].get("where", ""))}
+                        for p in VERIFY_PASSES}} for r in records if r["dcp"] > 1]
+
+
+def fixed_where(fix: str, name: str, stock: str) -> str:
+    """The path the verify takes with ``fix`` in effect, which the stock case's ``where`` does not describe: the
+    split plan from the hooked (or patched) metadata entry down to the two wrappers' plans. The plan the batch is
+    bound to (the ``[plan: ...]`` tail) stays the stock case's."""
+    plan = stock[stock.rindex(" [plan: "):] if " [plan: " in stock else ""
+    entry = (f"{FMB}.FlashInferMLAAttnBackend.init_cuda_graph_state -> init_forward_metadata_out_graph(in_capture=True)"
+             " -> replay: init_forward_metadata_out_graph" if name == "TARGET_VERIFY_GRAPH"
+             else "sglang.srt.model_executor.runner.eager_runner -> "
+                  f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata")
+    if fix == "plugin":
+        body = (" (the plugin's AROUND hook) -> sglang_dcp_dspark.plugin.hooks.flashinfer_mla_backend."
+                "plan_split_verify -> dcp_verify.plan_split (host lengths) and dcp_verify.build_ids")
+    else:
+        body = (" -> FlashInferMLAAttnBackend._plan_dcp_split_verify -> sglang.srt.layers.dcp.split_verify."
+                "plan_dcp_split_verify (host lengths) and build_dcp_split_verify_ids")
+    return (entry + body + " (sglang.kernels.ops.attention.dcp_kernels.create_triton_kv_indices_for_dcp_triton over "
+            "req_to_token) -> the prefix wrapper's plan (a row per request) and the window wrapper's (a row per draft "
+            "token)" + plan)
 
 
 def fixed_key(r: dict) -> tuple:
@@ -2287,7 +2326,7 @@ def fixed_key(r: dict) -> tuple:
 
 def fixed_markdown(records: list[dict]) -> list[str]:
     """The verify with the fix, per launch kind: worst over the ranks and dcp sizes run."""
-    out = ["### The verify planned per draft token (upstream-next 0012, the plugin's flashinfer MLA hooks)", "",
+    out = ["### The verify planned split (upstream-next 0012, the plugin's flashinfer MLA hooks)", "",
            "TARGET_VERIFY on flashinfer MLA with the fix in effect (worst over dcp 2, 4, 8, first and last rank; "
            f"`{GENERATED_FIX}`). The numbers behind it: docs/verify-under-dcp.md.", "",
            "| sglang | fix | algorithm | draft-backend flag | " + " | ".join(VERIFY_PASSES) + " |",

@@ -232,7 +232,7 @@ def broken_kinds(release: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(kinds))
 
 
-# The target verify under DCP on flashinfer MLA, planned per draft token: who carries the fix, and the map's
+# The target verify under DCP on flashinfer MLA, planned split: who carries the fix, and the map's
 # readings with it (``verify_fixed``, generated with ``tools/passmap/generate.py --fix plugin|upstream-next``).
 VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
 VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": "upstream-next 0012"}
@@ -240,8 +240,9 @@ VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": 
 
 def verify_evidence(fix: str) -> str:
     """What a verdict that counts on the verify fix says of it: who carries it and what proves it."""
-    return (f"TARGET_VERIFY on flashinfer MLA fixed by {VERIFY_FIXES[fix]} (one row per draft token over this rank's "
-            "keys), proven on CPU against a one-rank reference (tools/mla/verify_dcp.py), not yet run on a GPU")
+    return (f"TARGET_VERIFY on flashinfer MLA fixed by {VERIFY_FIXES[fix]} (split: the prefix once per request, the "
+            "window per draft token; the kernel checked before the first verify), proven on CPU against a one-rank "
+            "reference (tools/mla/verify_dcp.py), not yet run on a GPU")
 
 
 def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool]:
@@ -417,7 +418,7 @@ def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer
                      verify_fix: str | None = None) -> tuple[str, ...]:
     """The --attention-backend values the map shows running this launch kind correctly under DCP on a node of this
     architecture: every pass it ran consistent (and checked: a backend the map cannot run is not offered).
-    ``verify_fix``: who would plan a flashinfer MLA verify per draft token for this launch (see :func:`judge`)."""
+    ``verify_fix``: who would plan a flashinfer MLA verify split for this launch (see :func:`judge`)."""
     release = release_key(version)
     flags = sorted({flag_of(backend) for backend in load(release)["case_backends"]}
                    | {flag_of(r["target_backend"]) for r in _plain_records(release)})
@@ -451,12 +452,12 @@ DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: un
              "{backend} MLA.")
 
 
-# The series' words (patches/upstream-next 0013) where flashinfer MLA's verify is planned per draft token.
+# The series' words (patches/upstream-next 0013) where flashinfer MLA's verify is planned split under DCP.
 NEXTN_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and the target's own NextN layer as draft is "
                "not supported on flashinfer MLA: under DCP the draft's decode and extend passes read untranslated rows, "
                "other tokens' KV. Use --dcp-size 1 for NEXTN, or an external draft (--speculative-draft-model-path).")
 TOPK_TREE = ("--dcp-size {dcp} with --speculative-eagle-topk {topk} is not supported on flashinfer MLA: under DCP the "
-             "verify is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
+             "verify's window is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
              "--speculative-eagle-topk 1.")
 
 

@@ -1,67 +1,158 @@
-"""The target verify under DCP on flashinfer MLA: each rank plans its own rows, one query per row.
+"""The target verify under DCP on flashinfer MLA, split: the committed prefix once per request, the window per token.
 
-Why stock sglang gets it wrong (0.5.23, ``flashinfer_mla_backend.py``): the
-verify is planned like a prefill, with the request's *virtual* ids, its global
-length and a bottom-right causal mask, over heads / attn_tp. Under DCP the
-model all-gathers q (heads x dcp) and merges the ranks' partials by their LSE,
-as it does for a decode; the prefill wrapper returns no LSE, so the unpack
-raises (or, for a batch of exactly two tokens, splits the output silently).
+What a rank must compute, for draft token ``j`` of a request whose committed
+prefix is ``H`` tokens long: attention over the keys *this rank holds* among
+positions ``0 .. H + j``. Stock sglang plans the verify like a prefill (virtual
+ids, global lengths, bottom-right causal, heads / attn_tp, no LSE), which
+neither reads this rank's rows nor bounds the keys by position: under DCP a
+rank's keys are every ``dcp``-th position, and a causal mask over rank-local
+lengths counts them back from the wrong end.
 
-What a rank must compute instead, for draft token ``j`` of a request whose
-committed prefix is ``H`` tokens long: attention over the keys *this rank
-holds* among positions ``0 .. H + j``. Translating the ids is not enough.
-Rank-local lengths with flashinfer's bottom-right causal bound cut the wrong
-keys: the bound counts this rank's keys from the end, while the true bound is
-a position.
+The bound splits in two (sglang 0.5.23's aiter verify and vLLM's RFC #50391 are
+built the same way):
 
-The design here is vLLM #47181's: every draft token becomes a row of its own
-with one query, planned without a causal mask over exactly the keys that
-token may see on this rank. That is the plan sglang already makes for a DCP
-decode (``qo_indptr = arange``, rank-local lengths, heads x dcp, the LSE
-returned), so the verify reaches the kernel path and the merge the decode
-proves. The cost is that a request's prefix ids are handed to the kernel once
-per draft token; a two-stage split (0.5.23's aiter verify: the prefix once,
-non-causal, then the window per row, merged locally) reads them once.
+- **the committed prefix** ``0 .. H - 1`` is seen whole by every draft token, so
+  it needs no mask: one row per request, its ``q`` draft tokens as the row's
+  queries, over this rank's prefix keys. These are the ids a DCP decode plans,
+  and they are handed to the kernel once per request;
+- **the window** ``H .. H + q - 1`` (the draft tokens' own KV, striped over the
+  ranks like the rest) needs a bound per token: one row per draft token, one
+  query, over this rank's window keys up to its own position. A row holds at
+  most ``ceil(q / dcp)`` keys.
 
-Ownership follows sglang's owner rule (a logical loc ``L`` lives on rank
-``L % dcp`` at row ``L // dcp``). Locs are handed out in logical pages of
-``page_size * dcp`` slots, so position ``p`` of a request sits at a loc with
-``L % dcp == p % dcp``: which positions a rank holds is known on the host
-from the lengths alone, without reading the ids back from the device.
+Each partial comes back with flashinfer's base-2 LSE; the two are merged per
+query on the rank by sglang's own ``merge_state`` (which works in base e),
+and the ranks' results are then merged by the model's DCP merge as for a
+decode. A rank that holds no prefix key of a request, or no window key of a
+token, gives that side the neutral partial (output 0, LSE -inf), which the
+merges weigh at zero; the kernel itself never sees a row of length zero
+("the attention kernel fails on a shard of length zero", sglang's
+``dcp_kernels.py``), so such a row gets one filler slot, row 0, whose result is
+discarded.
 
-A row whose draft token sees no key on this rank still gets one slot (the
-kernel is not asked to attend over nothing) and its result is replaced by the
-neutral partial, output 0 and LSE -inf, which the merge weighs at zero.
+Which positions a rank holds follows from the lengths alone: locs are handed
+out in logical pages of ``page_size * dcp`` slots, so position ``p`` sits at a
+loc ``L`` with ``L % dcp == p % dcp`` (the owner rule, ``L`` at row ``L // dcp``
+of rank ``L % dcp``). The host therefore computes O(rows) numbers per step,
+counts, indptrs and flags, from the host lengths sglang keeps; the ids
+themselves are gathered from ``req_to_token`` on the device by sglang's own
+DCP index builder (``create_triton_kv_indices_for_dcp_triton``, which also
+applies the static pool's ``// dcp`` translation). Nothing on the host, and
+nothing copied to the device, grows with the context.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
 
-class TopkRefused(ValueError):
-    """A verify tree (topk > 1): its mask is not a per-row bound, and this plan does not carry it."""
+
+class VerifyRefused(ValueError):
+    """A verify this plan does not carry: a draft tree, a ragged layout, a translating (unified-memory) pool."""
 
 
-@dataclass
-class VerifyRows:
-    """One rank's plan for a verify batch: one row per draft token.
+@dataclass(frozen=True)
+class SplitPlan:
+    """One rank's plan for a verify batch, all host tensors (int32 unless said), O(rows) in size.
 
-    ``gather`` indexes the batch's virtual id stream (the one
-    ``generate_attn_arg_prefill`` packs: request by request, position order);
-    an empty row's single slot has ``gather = -1``.
+    ``bs`` requests with ``q_lens`` draft tokens each, ``tokens`` in all. The
+    prefix side has one row per request, the window side one row per token;
+    ``*_keys`` are the keys this rank holds (0 allowed), ``*_kv_len`` what the
+    kernel is planned with (at least 1: the filler slot).
     """
 
-    qo_indptr: Any  # [rows + 1] int32, arange
-    kv_indptr: Any  # [rows + 1] int32
-    kv_len: Any  # [rows] int32, at least 1
-    gather: Any  # [kv_indptr[-1]] int64
-    empty: Any  # [rows] bool: the rank holds no key this draft token may see
+    dcp_size: int
+    dcp_rank: int
+    q_lens: Any  # [bs]
+    prefix_qo_indptr: Any  # [bs + 1]
+    prefix_keys: Any  # [bs]
+    prefix_kv_len: Any  # [bs]
+    prefix_kv_indptr: Any  # [bs + 1]
+    window_start: Any  # [tokens]: the token's request's H, the first window position
+    window_keys: Any  # [tokens]
+    window_kv_len: Any  # [tokens]
+    window_kv_indptr: Any  # [tokens + 1]
 
     @property
-    def rows(self) -> int:
-        return int(self.kv_len.numel())
+    def bs(self) -> int:
+        return int(self.q_lens.numel())
+
+    @property
+    def tokens(self) -> int:
+        return int(self.window_keys.numel())
+
+    @property
+    def prefix_ids(self) -> int:
+        return int(self.prefix_kv_indptr[-1])
+
+    @property
+    def window_ids(self) -> int:
+        return int(self.window_kv_indptr[-1])
+
+    @property
+    def window_qo_indptr(self):
+        import torch
+
+        return torch.arange(self.tokens + 1, dtype=torch.int32)
+
+    @property
+    def prefix_empty(self):
+        """Per token: this rank holds no key of its request's prefix."""
+        import torch
+
+        return torch.repeat_interleave(self.prefix_keys == 0, self.q_lens.to(torch.int64))
+
+    @property
+    def window_empty(self):
+        return self.window_keys == 0
+
+    def device_pack(self):
+        """The numbers the device work reads, in one host int32 tensor (one copy to the device): see
+        :func:`unpack`."""
+        import torch
+
+        return torch.cat([self.q_lens, self.prefix_keys, self.prefix_kv_indptr, self.window_start, self.window_keys,
+                          self.window_kv_indptr, self.prefix_empty.to(torch.int32),
+                          self.window_empty.to(torch.int32)])
+
+    @property
+    def host_elements(self) -> int:
+        """Every element this plan made on the host, for the cost bench (``bench/verify_cost.py``)."""
+        return sum(int(t.numel()) for t in (self.q_lens, self.prefix_qo_indptr, self.prefix_keys, self.prefix_kv_len,
+                                            self.prefix_kv_indptr, self.window_start, self.window_keys,
+                                            self.window_kv_len, self.window_kv_indptr))
+
+
+def pack_size(bs: int, tokens: int) -> int:
+    return 3 * bs + 1 + 5 * tokens + 1
+
+
+@dataclass(frozen=True)
+class DeviceMeta:
+    """Views of the device pack, at fixed offsets for a given (bs, tokens): a captured graph reads the same
+    addresses on every replay, and the replay refreshes their contents."""
+
+    q_lens: Any
+    prefix_keys: Any
+    prefix_kv_indptr: Any
+    window_start: Any
+    window_keys: Any
+    window_kv_indptr: Any
+    prefix_empty: Any  # bool views are made where they are used, from these int32 flags
+    window_empty: Any
+
+
+def unpack(pack, bs: int, tokens: int) -> DeviceMeta:
+    sizes = (bs, bs, bs + 1, tokens, tokens, tokens + 1, tokens, tokens)
+    views, at = [], 0
+    for n in sizes:
+        views.append(pack[at: at + n])
+        at += n
+    return DeviceMeta(*views)
 
 
 def owned_count(bound, dcp_size: int, dcp_rank: int):
@@ -71,49 +162,108 @@ def owned_count(bound, dcp_size: int, dcp_rank: int):
     return torch.clamp(torch.div(bound - dcp_rank + dcp_size - 1, dcp_size, rounding_mode="floor"), min=0)
 
 
-def verify_rows(qo_indptr, kv_indptr, *, dcp_size: int, dcp_rank: int) -> VerifyRows:
-    """Per-row plan from the verify's CSR layout (host tensors): request ``r`` has ``q_r`` draft tokens, the
-    last ``q_r`` of its ``L_r`` positions; draft token ``j`` may see positions ``0 .. L_r - q_r + j``."""
+def window_keys(prefix_lens, j, dcp_size: int, dcp_rank: int):
+    """This rank's window keys for draft token ``j`` of a request with prefix ``H``: its positions in
+    ``H .. H + j`` (the token sees its own KV, written with the window)."""
+    return owned_count(prefix_lens + j + 1, dcp_size, dcp_rank) - owned_count(prefix_lens, dcp_size, dcp_rank)
+
+
+def plan_split(prefix_lens, q_lens, *, dcp_size: int, dcp_rank: int) -> SplitPlan:
+    """The split plan from host lengths: ``prefix_lens[r]`` committed tokens and ``q_lens[r]`` draft tokens."""
     import torch
 
-    qo, kv = qo_indptr.to(torch.int64).cpu(), kv_indptr.to(torch.int64).cpu()
-    q_len, kv_len = qo[1:] - qo[:-1], kv[1:] - kv[:-1]
-    if bool((q_len > kv_len).any()):
-        raise ValueError("a verify request has more draft tokens than positions")
-    request = torch.repeat_interleave(torch.arange(len(q_len)), q_len)
-    j = torch.arange(int(q_len.sum())) - torch.repeat_interleave(qo[:-1], q_len)
-    visible = (kv_len - q_len)[request] + j + 1  # positions 0 .. H + j
-    count = owned_count(visible, dcp_size, dcp_rank)
-    slots = torch.clamp(count, min=1)
-    row_of = torch.repeat_interleave(torch.arange(len(slots)), slots)
-    first = torch.zeros(len(slots) + 1, dtype=torch.int64)
-    first[1:] = torch.cumsum(slots, 0)
-    k = torch.arange(int(first[-1])) - first[:-1][row_of]
-    gather = kv[:-1][request][row_of] + dcp_rank + dcp_size * k
-    gather = torch.where(count[row_of] > 0, gather, torch.full_like(gather, -1))
-    return VerifyRows(qo_indptr=torch.arange(len(slots) + 1, dtype=torch.int32), kv_indptr=first.to(torch.int32),
-                      kv_len=slots.to(torch.int32), gather=gather, empty=count == 0)
+    prefix = torch.as_tensor(prefix_lens).to(torch.int64).cpu()
+    q = torch.as_tensor(q_lens).to(torch.int64).cpu()
+    if prefix.dim() != 1 or q.shape != prefix.shape:
+        raise ValueError(f"a verify plan needs one prefix length and one draft-token count per request; got "
+                         f"{tuple(prefix.shape)} and {tuple(q.shape)}")
+    if bool((q < 1).any()) or bool((prefix < 0).any()):
+        raise ValueError("a verify request has no draft token, or a negative prefix")
+    request = torch.repeat_interleave(torch.arange(len(q)), q)
+    first = torch.zeros(len(q) + 1, dtype=torch.int64)
+    first[1:] = torch.cumsum(q, 0)
+    j = torch.arange(int(first[-1])) - first[:-1][request]
+    p_keys = owned_count(prefix, dcp_size, dcp_rank)
+    w_keys = window_keys(prefix[request], j, dcp_size, dcp_rank)
+    p_len, w_len = torch.clamp(p_keys, min=1), torch.clamp(w_keys, min=1)
+    i32 = torch.int32
+    return SplitPlan(
+        dcp_size=dcp_size, dcp_rank=dcp_rank, q_lens=q.to(i32), prefix_qo_indptr=first.to(i32),
+        prefix_keys=p_keys.to(i32), prefix_kv_len=p_len.to(i32), prefix_kv_indptr=_indptr(p_len),
+        window_start=prefix[request].to(i32), window_keys=w_keys.to(i32), window_kv_len=w_len.to(i32),
+        window_kv_indptr=_indptr(w_len))
 
 
-def row_ids(rows: VerifyRows, virtual_ids, translate, out=None):
-    """The kernel's ids for ``rows``: this rank's virtual ids, translated to its rows; an empty row reads row 0
-    (any row of the pool: its result is discarded). ``translate`` is the translator's read door
-    (``KVIndexTranslator.translate_dcp_read_ids``, ``widened // dcp``). Device work only, no host sync."""
+def _indptr(lengths):
     import torch
 
-    gather = rows.gather.to(virtual_ids.device, non_blocking=True)
-    ids = translate(virtual_ids[torch.clamp(gather, min=0)].to(torch.int64))
-    ids = torch.where(gather >= 0, ids, torch.zeros_like(ids)).to(torch.int32)
-    if out is None:
-        return ids
-    out[: ids.numel()].copy_(ids)
-    return out[: ids.numel()]
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(lengths, 0)
+    return out
+
+
+def build_ids(plan: SplitPlan, source, req_pool_indices, prefix_out, window_out, meta: DeviceMeta) -> None:
+    """This rank's kernel ids for both sides, gathered on the device from ``source`` (the translator's read
+    source under DCP: ``req_to_token`` itself, virtual ids) by sglang's DCP index builder, which keeps the
+    positions this rank owns and translates them ``// dcp``. ``meta`` holds the plan's numbers on the device
+    already. A filler slot reads row 0. No host sync."""
+    import torch
+    from sglang.kernels.ops.attention.dcp_kernels import create_triton_kv_indices_for_dcp_triton
+
+    bs, tokens = plan.bs, plan.tokens
+    rows = source.row_ids[:bs]
+    # Zeroed first: a row this rank holds no key of is not written by the builder, and its filler slot must
+    # name a row of the pool.
+    prefix_out[: plan.prefix_ids].zero_()
+    window_out[: plan.window_ids].zero_()
+    stride = source.row_stride
+    create_triton_kv_indices_for_dcp_triton[(bs,)](
+        source.ids, rows, meta.prefix_keys, meta.prefix_kv_indptr, None, prefix_out, stride,
+        plan.dcp_size, plan.dcp_rank)
+    token_rows = torch.repeat_interleave(rows, meta.q_lens, output_size=tokens)
+    create_triton_kv_indices_for_dcp_triton[(tokens,)](
+        source.ids, token_rows, meta.window_keys, meta.window_kv_indptr, meta.window_start, window_out, stride,
+        plan.dcp_size, plan.dcp_rank)
+
+
+def merge(prefix_out, prefix_lse, window_out, window_lse, meta: DeviceMeta):
+    """Per query, the rank's partial over both sides (:func:`merge_partials`, flagged by the plan)."""
+    return merge_partials(prefix_out, prefix_lse, window_out, window_lse, meta.prefix_empty != 0,
+                          meta.window_empty != 0)
+
+
+def merge_partials(out_a, lse_a, out_b, lse_b, empty_a, empty_b):
+    """Two partials of the same queries merged by their base-2 LSE: each flagged side neutralised, then
+    sglang's ``merge_state`` (base e, so the LSEs are converted on the way in and out). A query with both sides
+    flagged gets (0, -inf), which ``merge_state`` alone would make NaN. Device work only; the inputs are
+    overwritten where flagged."""
+    from sglang.srt.layers.attention.merge_state import merge_state
+
+    neutralise(out_a, lse_a, empty_a)
+    neutralise(out_b, lse_b, empty_b)
+    both = empty_a & empty_b
+    # Both sides neutral: side a joins the merge as (0, 0), so merge_state never subtracts -inf from -inf, and the
+    # result, (0, 0), becomes the neutral partial below.
+    lse_a.masked_fill_(both.view(-1, *([1] * (lse_a.dim() - 1))), 0.0)
+    out, lse = merge_state(out_a, lse_a * LN2, out_b, lse_b * LN2)
+    lse = lse * LOG2E
+    neutralise(out, lse, both)
+    return out, lse
 
 
 def neutralise(out, lse, empty) -> None:
-    """Give each empty row the neutral partial: output 0, LSE -inf (the merge then weighs it at zero)."""
-    # No early return on "no empty row": under a CUDA graph this runs once at capture and then replays on
-    # whatever the plan wrote into ``empty``.
-    empty = empty.to(out.device, non_blocking=True)
+    """Give each flagged query the neutral partial: output 0, LSE -inf (a merge then weighs it at zero)."""
+    # No early return on "none flagged": under a CUDA graph this runs once at capture and then replays on
+    # whatever the replay's plan wrote into the flags.
     out.masked_fill_(empty.view(-1, *([1] * (out.dim() - 1))), 0.0)
     lse.masked_fill_(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"))
+
+
+def kv_handed(plan: SplitPlan) -> int:
+    """KV tokens handed to the kernel by this rank's plan, filler slots included."""
+    return plan.prefix_ids + plan.window_ids
+
+
+def window_capacity(draft_tokens: int, dcp_size: int) -> int:
+    """The most ids one window row is planned with: ``ceil(q / dcp)`` keys, and at least the filler."""
+    return max(1, -(-int(draft_tokens) // int(dcp_size)))

@@ -480,7 +480,7 @@ def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,
     resolution refused, so a rejection still names the pass that would break;
     a launch that names no backend is then judged on every target backend the
     map ran. A flashinfer MLA target's verify is judged as the launch runs it:
-    planned per draft token where the tree carries upstream-next 0012 or the
+    planned split where the tree carries upstream-next 0012 or the
     plugin is on and its hooks apply to this release.
     """
     launch = la if la is not None else given
@@ -508,7 +508,7 @@ def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,
 
 
 def _verify_fix(plugin_on: bool) -> str | None:
-    """Who plans a flashinfer MLA verify per draft token on this tree: its code (upstream-next 0012) or, with the
+    """Who plans a flashinfer MLA verify split under DCP on this tree: its code (upstream-next 0012) or, with the
     plugin on, the plugin's hooks where they apply to the release; None: the release's own verify."""
     return hooks_mod.verify_fix(plugin_on=plugin_on)
 

@@ -7,7 +7,8 @@ later: ``hybrid_pool_assembler`` (the budget and the guard) and
 ``hicache_auto_size`` (the auto-size estimate). For speculative decoding
 under DCP: ``speculative_hook`` (the argument check the pass map drives) and,
 on 0.5.22 and 0.5.23, ``flashinfer_mla_backend`` (the target verify planned
-per draft token, which the check then counts on).
+split, the prefix once and the window per draft token, which the check then
+counts on).
 
 Each carrier declares its entries at its foot, by reference as sglang's own
 HookRegistry takes them (the judge and the hook are functions, not names),
@@ -103,14 +104,14 @@ class Hook:
 # first that carries PR #35221 upstream. Release literals live here and in releases/ only.
 WRITTEN_FOR = "0.5.17"
 FIXED_UPSTREAM_IN = "0.5.18"
-# The first release whose flashinfer MLA verify the plugin's per-draft-token hooks apply to (its code has 0.5.23's
+# The first release whose flashinfer MLA verify the plugin's split-verify hooks apply to (its code has 0.5.23's
 # shape from 0.5.22 on; upstream-next 0012 is written against 0.5.23).
 VERIFY_FIX_SINCE = "0.5.22"
 
 # The carriers, imported after what they import from here (Hook, the release literals). In the table's order:
 # sglang 0.5.17's gate, draft registration and scheduler budget; the draft sidecar of 0.5.19 to 0.5.23
 # (patches/upstream-next 0001-0003, 0009); every release the pass map covers (the speculative check); and the
-# flashinfer MLA verify planned per draft token on 0.5.22 and 0.5.23 (0012).
+# flashinfer MLA verify planned split on 0.5.22 and 0.5.23 (0012).
 from . import (  # noqa: E402
     flashinfer_mla_backend,
     hicache_auto_size,
@@ -185,7 +186,7 @@ def in_effect(module: str) -> Iterator[dict]:
 
 
 def verify_fix(plugin_on: bool) -> str | None:
-    """Who plans this release's flashinfer MLA verify per draft token under DCP: "upstream-next" where its code
+    """Who plans this release's flashinfer MLA verify split under DCP: "upstream-next" where its code
     carries 0012, "plugin" where the plugin is on and its hooks apply, else None (the release's own verify)."""
     from .flashinfer_mla_backend import verify_fix_in_effect
 

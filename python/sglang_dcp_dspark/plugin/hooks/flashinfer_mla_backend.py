@@ -4,26 +4,30 @@ Under DCP the model treats a TARGET_VERIFY like a DCP decode: q all-gathered
 (heads x dcp), the backend asked for ``(out, lse)``, the ranks' partials merged
 by LSE (``forward_mla.py``). flashinfer MLA plans the verify like a prefill
 instead: virtual ids, global lengths, bottom-right causal, heads / attn_tp,
-and no LSE. Three AROUND hooks make the verify what the model expects,
-with :mod:`..dcp_verify`'s plan (one row per draft token, this rank's keys up
-to that token's position, heads x dcp):
+and no LSE. Three AROUND hooks make the verify what the model expects, with
+:mod:`..dcp_verify`'s split plan (the committed prefix once per request, the
+window per draft token, heads x dcp, merged on the rank):
 
-- ``FlashInferMLAIndicesUpdaterPrefill.call_begin_forward``: a verify batch
-  under DCP is planned per row (eager, capture and replay alike);
-- ``FlashInferMLAAttnBackend.init_forward_metadata_out_graph``: a verify graph
-  under DCP is captured on a wrapper bound to buffers of one row per draft
-  token (the stock capture binds one row per request);
+- ``FlashInferMLAAttnBackend.init_forward_metadata``: an eager verify under
+  DCP is planned split, on the backend's verify wrapper and a second one for
+  the window;
+- ``FlashInferMLAAttnBackend.init_forward_metadata_out_graph``: a verify
+  graph under DCP is captured on a prefix wrapper bound to stock's own graph
+  buffers (one row per request, as stock's verify graph binds them) and a
+  window wrapper bound to buffers of one row per draft token, and each replay
+  plans both from the host lengths;
 - ``FlashInferMLAAttnBackend.forward_extend``: a verify under DCP writes its
-  KV as before, runs the planned rows with the LSE, gives empty rows the
-  neutral partial, and returns ``(out, lse)``.
+  KV as before, runs both sides with their LSE, merges them, and returns
+  ``(out, lse)``.
 
-patches/upstream-next 0012 makes the same change in sglang's module. Every
-other batch goes to sglang's own code unchanged. The three are judged
-together on the code they patch: the verify branch 0.5.22 and 0.5.23 have
-(its ``call_begin_forward`` takes the iteration's ``plan``, its
-``forward_extend`` never asks for the LSE); 0.5.19 to 0.5.21 plan the verify
-another way and are left alone. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0`` turns them off
-with the rest of the plugin.
+Before its first verify under DCP, a process checks the kernel it will run
+(:mod:`..kernel_check`). patches/upstream-next 0012 makes the same change in
+sglang's module. Every other batch goes to sglang's own code unchanged. The
+three are judged together on the code they patch: the verify of 0.5.22 and
+0.5.23 (a plan-bound ``call_begin_forward``, graph-keyed verify wrappers, a
+``forward_extend`` that never asks for the LSE); 0.5.19 to 0.5.21 plan the
+verify another way and are left alone. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
+turns them off with the rest of the plugin.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ from . import Hook
 from ._common import Finding, Verdict, first_call, unhooked
 
 MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
-PLAN = f"{MODULE}.FlashInferMLAIndicesUpdaterPrefill.call_begin_forward"
-CAPTURE = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata_out_graph"
+METADATA = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata"
+GRAPH = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata_out_graph"
 FORWARD = f"{MODULE}.FlashInferMLAAttnBackend.forward_extend"
-# The name upstream-next 0012 gives its planner in sglang's module: code that has it is fixed.
-SERIES_MARK = "plan_dcp_verify_rows"
+# The name upstream-next 0012 gives its planner in sglang's code: a module that has it is fixed.
+SERIES_MARK = "plan_dcp_split_verify"
+# The index builder the split verify gathers its ids with: sglang's own, for the Triton backend's DCP decode.
+ID_BUILDER = "sglang.kernels.ops.attention.dcp_kernels"
 
 
 def _module():
@@ -55,33 +61,41 @@ def _source(fn) -> str:
 
 
 def verify_verdict(original: Callable | None = None) -> Finding:
-    """Does this release's flashinfer MLA verify need the per-row plan under DCP, and is its code the shape the
+    """Does this release's flashinfer MLA verify need the split plan under DCP, and is its code the shape the
     hooks are written for?"""
     module = _module()
     backend = getattr(module, "FlashInferMLAAttnBackend", None)
     updater = getattr(module, "FlashInferMLAIndicesUpdaterPrefill", None)
     if backend is None or updater is None:
-        return Finding(PLAN, Verdict.OUT_OF_SCOPE, "this release has no flashinfer MLA backend")
+        return Finding(METADATA, Verdict.OUT_OF_SCOPE, "this release has no flashinfer MLA backend")
+    if SERIES_MARK in inspect.getsource(module):
+        return Finding(METADATA, Verdict.FIXED, "the release plans the verify split under DCP (upstream-next 0012)")
     plan_src, forward_src = _source(updater.call_begin_forward), _source(backend.forward_extend)
-    if SERIES_MARK in plan_src or SERIES_MARK in inspect.getsource(module):
-        return Finding(PLAN, Verdict.FIXED, "the release plans the verify per draft token under DCP (upstream-next 0012)")
     params = inspect.signature(unhooked(updater.call_begin_forward)).parameters
     shaped = ("plan" in params and "spec_info" in params and "fast_verify_plan_kwargs" in params
               and "generate_attn_arg_prefill" in plan_src and hasattr(backend, "_apply_cuda_graph_metadata")
-              and hasattr(backend, "_verify_graph_key"))
+              and hasattr(backend, "_verify_graph_key") and _has_id_builder())
     if not shaped:
-        return Finding(PLAN, Verdict.OUT_OF_SCOPE,
+        return Finding(METADATA, Verdict.OUT_OF_SCOPE,
                        "the verify fix is written against the flashinfer MLA verify of 0.5.22 and 0.5.23 (plan-bound, "
                        "graph-keyed); this release's differs, and the argument check keeps refusing the verify under DCP")
     if "return_lse" in forward_src:
-        return Finding(PLAN, Verdict.UNRECOGNISED, "forward_extend asks for an LSE: not the code the hooks were written for")
-    return Finding(PLAN, Verdict.NEEDS_FIX, "under DCP the verify plans virtual ids with global lengths and a "
-                                            "bottom-right causal mask, and forward_extend returns no LSE")
+        return Finding(METADATA, Verdict.UNRECOGNISED,
+                       "forward_extend asks for an LSE: not the code the hooks were written for")
+    return Finding(METADATA, Verdict.NEEDS_FIX, "under DCP the verify plans virtual ids with global lengths and a "
+                                                "bottom-right causal mask, and forward_extend returns no LSE")
+
+
+def _has_id_builder() -> bool:
+    try:
+        return hasattr(importlib.import_module(ID_BUILDER), "create_triton_kv_indices_for_dcp_triton")
+    except ImportError:
+        return False
 
 
 def verify_fix_in_effect(plugin_on: bool) -> str | None:
-    """Who plans this release's flashinfer MLA verify per draft token under DCP: "upstream-next" where its code
-    carries 0012, "plugin" where the plugin is on and its hooks apply, else None (the release's own verify)."""
+    """Who plans this release's flashinfer MLA verify split under DCP: "upstream-next" where its code carries
+    0012, "plugin" where the plugin is on and its hooks apply, else None (the release's own verify)."""
     try:
         finding = verify_verdict()
     except Exception:  # a probe never breaks a launch: judged as the release's own verify
@@ -100,106 +114,187 @@ def _dcp():
     return int(parallel.attn_dcp_size), int(parallel.attn_dcp_rank)
 
 
-def _is_dcp_verify(spec_info) -> bool:
-    if spec_info is None or not getattr(spec_info, "is_verify_input", lambda: False)():
+def _is_dcp_verify(forward_batch) -> bool:
+    spec_info = forward_batch.spec_info
+    if not forward_batch.forward_mode.is_target_verify() or spec_info is None:
         return False
-    return _dcp()[0] > 1
+    return getattr(spec_info, "is_verify_input", lambda: False)() and _dcp()[0] > 1
 
 
-def _refuse_tree(spec_info) -> None:
-    from ..dcp_verify import TopkRefused
+def _refuse(spec_info, translator) -> None:
+    from ..dcp_verify import VerifyRefused
 
     topk = int(getattr(spec_info, "topk", 1) or 1)
     if topk > 1:
-        raise TopkRefused(f"the verify under DCP plans one row per draft token of a chain; topk {topk} needs a "
-                          "tree mask it does not carry: use --speculative-eagle-topk 1")
+        raise VerifyRefused(f"the verify under DCP plans the window per draft token of a chain; topk {topk} needs a "
+                            "tree mask it does not carry: use --speculative-eagle-topk 1")
+    if getattr(spec_info, "ragged_verify_layout", None) is not None:
+        raise VerifyRefused("the verify under DCP plans the same number of draft tokens per request; a ragged verify "
+                            "layout is not planned: unset SGLANG_RAGGED_VERIFY_MODE (its default is static)")
+    if getattr(translator, "is_translating", False):
+        raise VerifyRefused("the verify under DCP gathers its ids with the static pool's // dcp translation; a "
+                            "translating (unified-memory) pool is not planned: launch without --enable-unified-memory")
 
 
-def plan_rows(updater, wrapper, spec_info, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum, plan,
-              qo_indptr_cpu=None, kv_indptr_cpu=None):
-    """Plan one verify batch on ``wrapper``: this rank's rows, one per draft token, heads x dcp, no mask."""
-    from .. import dcp_verify
+def host_prefix_lens(forward_batch, bs: int):
+    """Each request's committed length on the host, from what sglang keeps there: DSpark's verify input carries
+    it (``live_seq_lens_cpu``; the batch's ``seq_lens_cpu`` then already counts the window), EAGLE's batch
+    carries it as ``seq_lens_cpu``. Rows a graph pads the batch with get 0. Where neither is kept, the device
+    lengths are read back: ``bs`` numbers, as flashinfer's own plan reads back device indptrs."""
+    import torch
 
-    _refuse_tree(spec_info)
-    backend = updater.attn_backend
+    spec_info = forward_batch.spec_info
+    live = getattr(spec_info, "live_seq_lens_cpu", None)
+    dflash = getattr(getattr(spec_info, "spec_input_type", None), "name", "") == "DFLASH_VERIFY"
+    if live is not None:
+        out = torch.zeros(bs, dtype=torch.int64)
+        n = min(bs, int(live.numel()))
+        out[:n] = live[:n].to(torch.int64)
+        return out
+    seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    if seq_lens_cpu is not None and not dflash:
+        return seq_lens_cpu[:bs].to(torch.int64)
+    return forward_batch.seq_lens[:bs].to(torch.int64).cpu()
+
+
+class SplitVerify:
+    """What one verify under DCP runs on a rank: the prefix and the window wrappers, the plan of the step, and
+    the plan's numbers on the device. Rides on the prefix wrapper (``_dcp_split``), which sglang keeps as the
+    verify's ``PrefillMetadata.prefill_wrapper`` and, per graph, in ``prefill_cuda_graph_metadata``."""
+
+    __slots__ = ("prefix", "window", "graph", "plan", "meta")
+
+    def __init__(self, prefix, window, graph: _GraphBuffers | None = None) -> None:
+        self.prefix, self.window, self.graph = prefix, window, graph
+        self.plan = self.meta = None
+        prefix._dcp_split = self
+
+
+class _GraphBuffers:
+    """A backend's window buffers for verify graphs under DCP: one row per draft token, at most
+    ``ceil(draft tokens / dcp)`` ids each, plus the plan's numbers on the device; shared by the verify graphs as
+    sglang shares ``cuda_graph_kv_indices`` (graphs replay one at a time). The prefix rows use stock's own graph
+    buffers, one row per request."""
+
+    def __init__(self, backend, max_bs: int, draft_tokens: int, dcp: int) -> None:
+        import torch
+
+        from .. import dcp_verify
+
+        device = backend.cuda_graph_kv_indices.device
+        tokens = max_bs * int(draft_tokens)
+        self.max_bs, self.max_tokens = max_bs, tokens
+        self.qo_indptr = torch.arange(tokens + 1, dtype=torch.int32, device=device)
+        self.kv_indptr = torch.zeros(tokens + 1, dtype=torch.int32, device=device)
+        self.kv_len = torch.ones(tokens, dtype=torch.int32, device=device)
+        self.kv_indices = torch.zeros(tokens * dcp_verify.window_capacity(draft_tokens, dcp), dtype=torch.int32,
+                                      device=device)
+        self.pack = torch.zeros(dcp_verify.pack_size(max_bs, tokens), dtype=torch.int32, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qo_indptr, self.kv_indptr, self.kv_len,
+                                                             self.kv_indices, self.pack))
+
+
+def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
+    """Plan one verify batch on ``split``'s wrappers: the plan from the host lengths, the ids on the device, both
+    sides planned with heads x dcp and no mask."""
+    import torch
+
+    from .. import dcp_verify, kernel_check
+
+    spec_info = forward_batch.spec_info
     translator = backend.kv_index_translator
-    virtual_ids, kv_indptr, qo_indptr, _mask = spec_info.generate_attn_arg_prefill(
-        req_pool_indices=req_pool_indices, paged_kernel_lens=paged_kernel_lens,
-        paged_kernel_lens_sum=paged_kernel_lens_sum, translator=translator, plan=plan)
+    _refuse(spec_info, translator)
+    kernel_check.ensure(backend, _module().BatchMLAPagedAttentionWrapper)
     dcp, rank = _dcp()
-    # The replay hands the host copies of the same CSR layout; eager reads it back, as flashinfer's plan does.
-    rows = dcp_verify.verify_rows(qo_indptr if qo_indptr_cpu is None else qo_indptr_cpu,
-                                  kv_indptr if kv_indptr_cpu is None else kv_indptr_cpu, dcp_size=dcp, dcp_rank=rank)
-    ids = dcp_verify.row_ids(rows, virtual_ids, translator.translate_dcp_read_ids)
-    bound = getattr(wrapper, "_dcp_verify_empty", None)
-    if bound is not None and bound.numel() == rows.rows:  # a captured graph reads the buffer bound at capture
-        bound.copy_(rows.empty, non_blocking=True)
+    bs = int(forward_batch.batch_size)
+    draft_tokens = int(spec_info.draft_token_num)
+    plan = dcp_verify.plan_split(host_prefix_lens(forward_batch, bs), torch.full((bs,), draft_tokens),
+                                 dcp_size=dcp, dcp_rank=rank)
+    device = forward_batch.req_pool_indices.device
+    pack = plan.device_pack()
+    graph = split.graph
+    if graph is None:
+        on_device = pack.to(device, non_blocking=True)
+        prefix_ids = torch.empty(plan.prefix_ids, dtype=torch.int32, device=device)
+        window_ids = torch.empty(plan.window_ids, dtype=torch.int32, device=device)
     else:
-        wrapper._dcp_verify_empty = rows.empty.to(virtual_ids.device, non_blocking=True)
+        if plan.prefix_ids > backend.cuda_graph_kv_indices.numel() or plan.window_ids > graph.kv_indices.numel():
+            raise ValueError(f"a verify graph's plan of {plan.prefix_ids} prefix and {plan.window_ids} window ids "
+                             f"exceeds its buffers ({backend.cuda_graph_kv_indices.numel()} and "
+                             f"{graph.kv_indices.numel()})")
+        on_device = graph.pack[: pack.numel()]
+        on_device.copy_(pack, non_blocking=True)
+        prefix_ids, window_ids = backend.cuda_graph_kv_indices, graph.kv_indices
+    meta = dcp_verify.unpack(on_device, plan.bs, plan.tokens)
+    source = translator.read_source(forward_batch.kv_loc_plan, req_pool_indices=forward_batch.req_pool_indices, bs=bs)
+    if source.entry_page_size != 1 or source.v2p is not None or source.is_translated:
+        raise dcp_verify.VerifyRefused("the verify under DCP gathers its ids from req_to_token's virtual token ids; "
+                                       "this pool's read source is a translated table")
+    dcp_verify.build_ids(plan, source, forward_batch.req_pool_indices, prefix_ids, window_ids, meta)
+    updater = backend.indices_updater_prefill
     heads = backend.indices_updater_decode.num_local_heads  # heads / attn_tp x dcp: q is all-gathered
-    wrapper.plan(rows.qo_indptr, rows.kv_indptr, ids, rows.kv_len, heads, updater.kv_lora_rank,
-                 updater.qk_rope_head_dim, 1, False, updater.scaling, updater.q_data_type, updater.data_type)
-    return rows
+    dims = (heads, updater.kv_lora_rank, updater.qk_rope_head_dim, 1, False, updater.scaling, updater.q_data_type,
+            updater.data_type)
+    split.prefix.plan(plan.prefix_qo_indptr, plan.prefix_kv_indptr, prefix_ids[: plan.prefix_ids], plan.prefix_kv_len,
+                      *dims)
+    split.window.plan(plan.window_qo_indptr, plan.window_kv_indptr, window_ids[: plan.window_ids], plan.window_kv_len,
+                      *dims)
+    split.plan, split.meta = plan, meta
 
 
-def plan_verify_per_row(original: Callable, self, *args, **kwargs):
-    """AROUND hook for ``FlashInferMLAIndicesUpdaterPrefill.call_begin_forward``."""
+def plan_verify_eager(original: Callable, self, forward_batch, *args, **kwargs):
+    """AROUND hook for ``FlashInferMLAAttnBackend.init_forward_metadata``: an eager verify under DCP is planned
+    split; every other batch is sglang's."""
     first_call()
-    bound = inspect.signature(unhooked(original)).bind(self, *args, **kwargs)
-    a = bound.arguments
-    if a.get("use_ragged") or not _is_dcp_verify(a.get("spec_info")):
-        return original(self, *args, **kwargs)
-    plan_rows(self, a["wrapper_paged"], a["spec_info"], a["req_pool_indices"], a["paged_kernel_lens"],
-              a["paged_kernel_lens_sum"], a.get("plan"), a.get("qo_indptr_cpu"), a.get("kv_indptr_cpu"))
+    if not _is_dcp_verify(forward_batch):
+        return original(self, forward_batch, *args, **kwargs)
+    split = getattr(self.prefill_wrapper_verify, "_dcp_split", None)
+    if split is None:
+        window = _module().BatchMLAPagedAttentionWrapper(self.workspace_buffer, backend="auto")
+        split = SplitVerify(self.prefill_wrapper_verify, window)
+    plan_split_verify(self, split, forward_batch)
+    self.forward_metadata = _module().PrefillMetadata(split.prefix, False)
     return None
 
 
-class _RowBuffers:
-    """A backend's capture buffers for verify graphs under DCP: one row per draft token, shared by the graphs as
-    sglang shares ``cuda_graph_kv_indices`` (graphs replay one at a time)."""
-
-    def __init__(self, backend, max_rows: int, dcp: int) -> None:
-        import torch
-
-        device = backend.cuda_graph_kv_indices.device
-        per_row = -(-int(backend.max_context_len) // dcp) + 1
-        self.max_rows = max_rows
-        self.qo_indptr = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
-        self.kv_indptr = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
-        self.kv_len = torch.ones(max_rows, dtype=torch.int32, device=device)
-        self.kv_indices = torch.zeros(max_rows * per_row, dtype=torch.int32, device=device)
-        self.empty = torch.zeros(max_rows, dtype=torch.bool, device=device)
-
-
-def capture_verify_rows(original: Callable, self, forward_batch, in_capture: bool = False, *args, **kwargs):
+def plan_verify_graph(original: Callable, self, forward_batch, in_capture: bool = False, *args, **kwargs):
     """AROUND hook for ``FlashInferMLAAttnBackend.init_forward_metadata_out_graph``: a verify graph under DCP is
-    captured on a wrapper bound to one row per draft token; replay and every other mode are sglang's."""
+    captured on split wrappers, and each replay plans them; every other mode is sglang's."""
     first_call()
-    spec_info = forward_batch.spec_info
-    if not (in_capture and forward_batch.forward_mode.is_target_verify() and _is_dcp_verify(spec_info)):
+    if not _is_dcp_verify(forward_batch):
         return original(self, forward_batch, in_capture, *args, **kwargs)
     module = _module()
-    bs = forward_batch.batch_size
-    rows = int(forward_batch.positions.numel())
-    buffers = getattr(self, "_dcp_verify_buffers", None)
-    if buffers is None:
-        buffers = _RowBuffers(self, int(self.cuda_graph_kv_lens.numel()) * int(spec_info.draft_token_num), _dcp()[0])
-        self._dcp_verify_buffers = buffers
-    if rows > buffers.max_rows:
-        raise ValueError(f"a verify graph of {rows} draft tokens exceeds the {buffers.max_rows} rows its buffers "
-                         "were sized for at the first capture")
-    wrapper = module.BatchMLAPagedAttentionWrapper(
-        self.workspace_buffer, use_cuda_graph=True, qo_indptr=buffers.qo_indptr[: rows + 1],
-        kv_indptr=buffers.kv_indptr[: rows + 1], kv_indices=buffers.kv_indices, kv_len_arr=buffers.kv_len[:rows],
-        backend="auto")
-    wrapper._dcp_verify_empty = buffers.empty[:rows]
-    self.prefill_cuda_graph_metadata[self._verify_graph_key(bs, spec_info)] = wrapper
-    self.forward_metadata = module.PrefillMetadata(wrapper, False)
-    seq_lens = forward_batch.seq_lens
-    self._apply_cuda_graph_metadata(
-        plan=forward_batch.kv_loc_plan, bs=bs, req_pool_indices=forward_batch.req_pool_indices, seq_lens=seq_lens,
-        seq_lens_sum=int(seq_lens.sum().item()), forward_mode=forward_batch.forward_mode, spec_info=spec_info,
-        seq_lens_cpu=seq_lens.cpu(), in_capture=True)
+    spec_info = forward_batch.spec_info
+    bs = int(forward_batch.batch_size)
+    key = self._verify_graph_key(bs, spec_info)
+    if in_capture:
+        graph = getattr(self, "_dcp_verify_graph_buffers", None)
+        if graph is None:
+            graph = _GraphBuffers(self, int(self.cuda_graph_kv_lens.numel()), int(spec_info.draft_token_num),
+                                  _dcp()[0])
+            self._dcp_verify_graph_buffers = graph
+        tokens = bs * int(spec_info.draft_token_num)
+        if bs > graph.max_bs or tokens > graph.max_tokens:
+            raise ValueError(f"a verify graph of {bs} requests and {tokens} draft tokens exceeds the "
+                             f"{graph.max_bs} and {graph.max_tokens} its buffers were sized for at the first capture")
+        # The prefix side binds what stock's verify graph binds: one row per request.
+        prefix = module.BatchMLAPagedAttentionWrapper(
+            self.workspace_buffer, use_cuda_graph=True, qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
+            kv_indptr=self.cuda_graph_kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices,
+            kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto")
+        window = module.BatchMLAPagedAttentionWrapper(
+            self.workspace_buffer, use_cuda_graph=True, qo_indptr=graph.qo_indptr[: tokens + 1],
+            kv_indptr=graph.kv_indptr[: tokens + 1], kv_indices=graph.kv_indices, kv_len_arr=graph.kv_len[:tokens],
+            backend="auto")
+        split = SplitVerify(prefix, window, graph)
+        self.prefill_cuda_graph_metadata[key] = prefix
+        self.forward_metadata = module.PrefillMetadata(prefix, False)
+    else:
+        split = self.prefill_cuda_graph_metadata[key]._dcp_split
+    plan_split_verify(self, split, forward_batch)
     return None
 
 
@@ -208,12 +303,12 @@ def verify_with_lse(original: Callable, self, q, k, v, layer, forward_batch, sav
     """AROUND hook for ``FlashInferMLAAttnBackend.forward_extend``: a verify under DCP returns ``(out, lse)``."""
     first_call()
     wrapper = getattr(self.forward_metadata, "prefill_wrapper", None)
-    if not (forward_batch.forward_mode.is_target_verify() and getattr(wrapper, "_dcp_verify_empty", None) is not None
-            and _dcp()[0] > 1):
+    split = getattr(wrapper, "_dcp_split", None)
+    if not (forward_batch.forward_mode.is_target_verify() and split is not None and _dcp()[0] > 1):
         return original(self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, *args, **kwargs)
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    from ..dcp_verify import neutralise
+    from ..dcp_verify import merge
 
     pool = self.token_to_kv_pool
     if save_kv_cache and k is not None:
@@ -228,13 +323,15 @@ def verify_with_lse(original: Callable, self, q, k, v, layer, forward_batch, sav
     else:
         q, q_rope = q.view(-1, heads, dv), q_rope.view(-1, heads, layer.head_dim - dv)
     cache = pool.get_key_buffer(layer.layer_id).to(q.dtype)
-    out, lse = wrapper.run(q, q_rope, cache[:, :, :dv], cache[:, :, dv:], out=q.new_empty(q.shape), return_lse=True)
-    neutralise(out, lse, wrapper._dcp_verify_empty)
+    ckv, kpe = cache[:, :, :dv], cache[:, :, dv:]
+    prefix_out, prefix_lse = split.prefix.run(q, q_rope, ckv, kpe, out=q.new_empty(q.shape), return_lse=True)
+    window_out, window_lse = split.window.run(q, q_rope, ckv, kpe, out=q.new_empty(q.shape), return_lse=True)
+    out, lse = merge(prefix_out, prefix_lse, window_out, window_lse, split.meta)
     return out.view(-1, heads * dv), lse
 
 
 def same_verdict(original: Callable | None = None) -> Finding:
-    """The capture and forward hooks are needed exactly where the plan hook is."""
+    """The graph and forward hooks are needed exactly where the eager one is."""
     return verify_verdict()
 
 
@@ -245,19 +342,21 @@ _VERIFY_UPSTREAM = "not yet sent (patches/upstream-next 0012; docs/upstreaming.m
 _VERIFY_DROP = "upstream plans the verify under DCP on flashinfer MLA itself"
 HOOKS = (
     Hook(
-        module=MODULE, target=PLAN, judge=verify_verdict, hook=plan_verify_per_row,
-        does="plans a verify under DCP with one row per draft token over this rank's keys up to its position, "
-             "heads x dcp, no causal mask",
+        module=MODULE, target=METADATA, judge=verify_verdict, hook=plan_verify_eager,
+        does="plans an eager verify under DCP split: the committed prefix once per request, the window per draft "
+             "token, this rank's keys, heads x dcp, ids built on the device; checks the kernel first",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
     ),
     Hook(
-        module=MODULE, target=CAPTURE, judge=same_verdict, hook=capture_verify_rows,
-        does="captures a verify graph under DCP on a wrapper bound to one row per draft token",
+        module=MODULE, target=GRAPH, judge=same_verdict, hook=plan_verify_graph,
+        does="captures a verify graph under DCP on a prefix wrapper bound to stock's graph buffers and a window "
+             "wrapper of one row per draft token, and plans both at each replay",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
     ),
     Hook(
         module=MODULE, target=FORWARD, judge=same_verdict, hook=verify_with_lse,
-        does="returns a verify's (out, lse) under DCP, the neutral partial for a row this rank holds no key of",
+        does="runs a verify's two sides under DCP and returns their merge, (out, lse), the neutral partial for a "
+             "query this rank holds no key of",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
     ),
 )

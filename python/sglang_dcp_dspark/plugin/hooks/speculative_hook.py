@@ -20,7 +20,7 @@ turns it off with the rest of the plugin.
 The judge reads the map, not the version: a release the map does not cover
 is left alone, and so is one whose mapped passes are all consistent.
 
-Where the target verify on flashinfer MLA is planned per draft token (the
+Where the target verify on flashinfer MLA is planned split under DCP (the
 plugin's :mod:`.flashinfer_mla_backend` hooks apply to the release, or its
 code carries upstream-next 0012), the verify is judged on the map's readings
 with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
