@@ -168,7 +168,7 @@ def stale(committed: dict, fresh: dict) -> list[str]:
         c_outcome, c_errors, c_ratios = committed[key]
         if c_outcome != outcome or (c_ratios and set(c_ratios) != set(ratios)):
             out.append(f"{key}: table {c_outcome} {c_ratios}, now {outcome} {sorted(set(ratios))}")
-        for c in c_errors:
+        for c in c_errors if errors else ():  # a run that raised has no error to hold the table to
             if float(c) > TOLERANCE or abs(math.log10(float(c) / max(max(errors), 1e-12))) > math.log10(4):
                 out.append(f"{key}: table error {c}, now {max(errors):.1e}")
     return out

@@ -16,7 +16,9 @@ from sglang_dcp_dspark.preflight import check, report, result, sweep
 from sglang_dcp_dspark.preflight.verdict import BAD_INPUT, Verdict
 
 PASSING_KEYS = ["release", "launch", "node", "plugin", "stock", "with_plugin", "passed", "message", "sglang_warnings",
-                "attention_backends", "passes", "resolved", "sizing", "startup_stops", "verdict"]
+                "attention_backends", "passes", "resolved", "sizing", "startup_stops", "sizing_if_admitted", "verdict"]
+VERDICT_KEYS = ["code", "outcome", "line", "detail", "reason", "host", "why", "checked", "unchecked", "evidence", "todo",
+                "advice"]
 SIZING_KEYS = ["device_rows", "device_rows_note", "device_rows_estimated", "device_rows_max", "dcp_size", "page_size",
                "logical_page_size", "target_kv", "draft_kv", "draft_architecture", "ranks_per_node", "draft_plan",
                "draft_path", "hicache_ratio", "auto_sized_from", "target_hicache_size", "pools", "stock_pools",
@@ -35,23 +37,26 @@ def test_a_judgement_is_typed_all_the_way_down(default):
     assert isinstance(default.sizing, result.Sizing) and isinstance(default.sizing.target, result.Pool)
     assert default.sizing.device_rows == check.DEFAULT_DEVICE_ROWS
     assert default.sizing.device_rows_note.startswith("the default launch's figure")
-    assert default.startup_stops == default.sizing.startup_stops == tuple(default.sizing.host_ram.stops)
+    assert default.startup_stops == default.sizing.startup_stops == ()  # it starts
 
 
 def test_the_json_keys_are_the_commands_output(default):
     out = default.as_dict()
     assert list(out) == PASSING_KEYS
     assert list(out["sizing"]) == SIZING_KEYS
-    assert list(out["verdict"]) == ["code", "outcome", "line"]
-    assert list(out["attention_backends"]) == ["prefill", "decode", "from", "draft"]
-    assert out["verdict"] == {"code": default.verdict.code, "outcome": default.verdict.outcome,
-                              "line": default.verdict.line}
+    assert list(out["verdict"]) == VERDICT_KEYS
+    assert list(out["attention_backends"]) == ["prefill", "decode", "from", "draft", "picked_by"]
+    assert {k: out["verdict"][k] for k in ("code", "outcome", "line")} == {
+        "code": default.verdict.code, "outcome": default.verdict.outcome, "line": default.verdict.line}
+    assert out["sizing_if_admitted"] is False
     json.dumps(out)  # every value is JSON's own
 
 
 def test_the_text_report_reads_the_same_verdict(default):
+    """The report ends with the verdict line and the block beneath it."""
     lines = report.render(default).splitlines()
-    assert lines[-1] == default.verdict.line
+    block = default.verdict.block()
+    assert block and lines[-len(block):] == block and lines[-len(block) - 1] == default.verdict.line
     assert f"{default.sizing.target.logical_slots:,} logical slots" in report.render(default)
 
 
@@ -62,20 +67,32 @@ def test_a_launch_without_hicache_has_no_pools_to_size():
     assert "host pools: HiCache is off" in report.render(judged)
 
 
-def test_a_refused_launch_ends_at_its_verdict():
+def test_a_launch_refused_by_sglang_alone_ends_at_its_verdict():
     # 0.5.17 refuses speculative decoding under DCP + HiCache for every algorithm but DSPARK, plugin or not
     judged = check.run(["--model-path", MODEL, "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache",
                         "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", MODEL],
                        check.default_node(), device_rows=1024)
     assert not judged.passed and judged.resolved is None and judged.sizing is None
     out = judged.as_dict()
-    assert list(out) == [k for k in PASSING_KEYS if k not in ("resolved", "sizing", "startup_stops")]
+    assert list(out) == [k for k in PASSING_KEYS if k not in ("resolved", "sizing", "startup_stops", "sizing_if_admitted")]
     assert judged.verdict.outcome == "REJECTED"
+
+
+def test_a_launch_the_plugin_refuses_is_sized_if_admitted():
+    """DSPARK on fa3 under DCP: the plugin refuses it, and the report still says what it would pin."""
+    judged = check.run(["--model-path", MODEL, "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache",
+                        "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(check.DEFAULT_DRAFT),
+                        "--attention-backend", "fa3"], check.Node.of_part("NVIDIA H200"), device_rows=100_000)
+    assert not judged.passed and not judged.admitted and isinstance(judged.sizing, result.Sizing)
+    out = judged.as_dict()
+    assert out["sizing_if_admitted"] is True and out["sizing"]["host_ram"]["needed_per_node"] > 0
+    assert "if admitted" in judged.verdict.line and "if admitted" in report.render(judged)
 
 
 def test_a_sweep_keeps_its_rows_typed_and_its_worst_verdict():
     refused = result.Refused(Verdict(BAD_INPUT, "no"))
-    assert refused.as_dict() == {"verdict": {"code": 2, "outcome": "BAD INPUT", "line": "verdict: BAD INPUT (exit 2): no"}}
+    assert refused.as_dict()["verdict"]["line"] == "verdict: BAD INPUT (exit 2): no"
+    assert list(refused.as_dict()["verdict"]) == VERDICT_KEYS
     swept = sweep.sweep([], check.default_node(), None, "tp=8,3")
     assert [r.value for r in swept.rows] == ["8", "3"]
     assert isinstance(swept.rows[1].report, result.Refused) and swept.verdict == swept.rows[1].report.verdict

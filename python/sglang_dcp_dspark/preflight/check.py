@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import io
 import math
 import os
@@ -41,7 +40,6 @@ from pathlib import Path
 
 from .. import passes as passes_mod
 from ..core import rules, swap
-from ..core.compat import version_at_least
 from ..core.errors import DcpDsparkError
 from ..plugin import hooks as hooks_mod
 from . import hostram, result
@@ -294,7 +292,7 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
                                               other.target.logical_slots if other.target else None, other.startup_error)
         chart = _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) if variants else None
     ram = hostram.judge(built, ranks_per_node=ranks, available=available, available_from=available_from,
-                        reserve=HICACHE_HOST_MEMORY_RESERVE_BYTES, hicache_size_gb=la.hicache_size, estimated_rows=estimated)
+                        reserve=HICACHE_HOST_MEMORY_RESERVE_BYTES, hicache_size_gb=la.hicache_size, device_rows=rows)
     stock_cov = None
     if stock.target is not None and stock.draft is not None and stock.draft_plan != "PACKED":
         stock_cov = rules.coverage(stock.draft.logical_slots, stock.target.logical_slots)
@@ -348,124 +346,215 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
 
 
 def verdict_of(code: int, detail: str) -> verdict_mod.Verdict:
-    return verdict_mod.Verdict(code, detail)
+    """The verdict of an error (bad input, 2; an internal error, 4): its one line is the reason."""
+    return verdict_mod.of_error(code, detail)
 
 
 @launch_mod.kernels_uncompiled
 def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *,
-          variants: bool = False) -> result.Report:
-    """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM."""
+          variants: bool = False, advise: bool = True, plugin_on: bool | None = None) -> result.Report:
+    """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM.
+
+    ``advise``: where the launch does not pass, judge the changes that could make it (another attention backend
+    the pass map shows running it, the plugin on, --dcp-size 1, a --hicache-size that fits) and name the first
+    that passes. ``plugin_on``: judge as if the plugin were on (or off), whatever the environment says."""
+    from ..plugin import switch
+
     paths = configs["paths"]
     given = _parse_launch(argv)
-    state = plugin_state()
+    state = plugin_state() if plugin_on is None else switch.PluginState(
+        plugin_on, "as advised: with the plugin on" if plugin_on else "as advised: with the plugin off")
     stock = resolve(release, argv, node, paths, hooked=False)
     fixed = resolve(release, argv, node, paths, hooked=True)
     as_run = fixed if state.enabled else stock
-    resolved = as_run.launch or fixed.launch or stock.launch
+    # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
+    # got through (stock's, where the plugin refused), are exit 2 whatever the verdict. A refused launch is then
+    # sized as it would run if the refusing side admitted it.
+    other = as_run if as_run.passed else fixed if fixed.passed else stock if stock.passed else None
+    if other is None and state.enabled:
+        # Refused both ways, the plugin's pass check among the refusals: what it would pin without that check.
+        other = _resolve_unchecked(release, argv, node, paths)
+    resolved = as_run.launch or (other.launch if other is not None else None)
     judged = judge_passes(release, given, configs, resolved, plugin_on=state.enabled)
-    facts = dict(
-        release=result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
-                               tuple(release.changes), tuple(_applied_series())),
-        launch=tuple(argv), node=node,
-        stock=result.Outcome(stock.passed, stock.message), with_plugin=result.Outcome(fixed.passed, fixed.message),
-        passed=as_run.passed, message=as_run.message, sglang_warnings=tuple(as_run.warnings),
-        attention_backends=_backends(resolved, given, node), passes=judged,
-    )
-    if not as_run.passed:
-        # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
-        # got through (stock's, where the plugin refused), are exit 2 whatever the refusal.
-        other = fixed if fixed.passed else stock if stock.passed else None
-        if other is not None:
-            check_resolved(other.launch, node)
-            if other.launch.enable_hierarchical_cache:
-                read_models(release, other.launch, node, paths)
-        also = f"; the pass map: {judged.summary()}" if judged.broken else ""
-        # Who refuses: sglang with the plugin's hooks in it, where the plugin is on and its resolution refused
-        # what stock's admitted, or refused it for another reason (the plugin's own checks, or the series' words).
-        who = (f"with the dcp_dspark plugin on, sglang {release.version} rejects the launch"
-               if state.enabled and (stock.passed or stock.message != fixed.message)
-               else f"sglang {release.version} rejects the launch")
-        return result.Report(**facts, plugin=result.Plugin(state.enabled, state.reason, release.decisions()),
-                             verdict=verdict_of(REJECTED, f"{who}: {as_run.message}{also}"))
-    la = as_run.launch
-    check_resolved(la, node)
-    models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
-    sizing = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
-                        stock_la=stock.launch if stock.passed else la, variants=variants)
-    # Read after sizing: the pool builders' hooks decide as the pools are built.
+    stock_judged = judge_passes(release, given, configs, stock.launch, plugin_on=False) if stock.passed else None
+    backends = _backends(resolved, given, node)
+    rel = result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
+                         tuple(release.changes), tuple(_applied_series()))
+    sizing = la = None
+    if other is not None:
+        la = other.launch
+        check_resolved(la, node)
+        models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
+        sizing = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
+                            stock_la=stock.launch if stock.passed else la, variants=variants)
+    elif device_rows is not None:
+        check_device_rows(configs, node, device_rows)
     plugin = result.Plugin(state.enabled, state.reason, release.decisions())
-    facts.update(plugin=plugin, resolved=la.fields(), sizing=sizing)
-    stops = sizing.startup_stops
-    if stops:
-        verdict = verdict_of(STOPS, f"passes sglang {release.version}'s validation but stops at startup: {stops[0]}")
-    elif judged.broken:
-        verdict = verdict_of(BROKEN_PASS, f"passes sglang {release.version}'s validation, but under DCP "
-                                          f"{judged.summary()}{_instead(release, la, judged, node, plugin_on=state.enabled)}")
-    elif la.dcp_size > 1 and not judged.mapped:
-        unchecked = f"under DCP its passes are unchecked ({judged.why_unmapped})"
-        verdict = verdict_of(UNCHECKED, _passes_detail(facts, unchecked) + _instead(release, la, judged, node,
-                                                                                      plugin_on=state.enabled))
+    facts = verdict_mod.Facts(
+        release=rel, node=node, plugin_on=state.enabled, stock_passed=stock.passed, stock_message=stock.message,
+        plugin_passed=fixed.passed, plugin_message=fixed.message, judged=judged, sizing=sizing,
+        admitted=as_run.passed, stock_judged=stock_judged, backend=backends.decode,
+        backend_picked=backends.picked_by, warnings=tuple(as_run.warnings))
+    code, stop = _outcome(as_run.passed, judged, sizing)
+    advice = (_advise(release, argv, node, device_rows, configs, code=code, la=resolved, given=given, judged=judged,
+                      backend=backends.decode, plugin_on=state.enabled, sizing=sizing)
+              if advise and code != PASSES else None)
+    if code == REJECTED:
+        verdict = verdict_mod.rejected(facts, advice)
+    elif code == STOPS:
+        verdict = verdict_mod.stops(facts, stop, advice)
+    elif code == BROKEN_PASS:
+        verdict = verdict_mod.broken(facts, advice)
+    elif code == UNCHECKED:
+        verdict = verdict_mod.unchecked(facts, advice)
     else:
-        verdict = verdict_of(PASSES, _passes_detail(facts))
-    return result.Report(**facts, verdict=verdict)
+        verdict = verdict_mod.passes(facts)
+    return result.Report(
+        release=rel, launch=tuple(argv), node=node, plugin=plugin, stock=result.Outcome(stock.passed, stock.message),
+        with_plugin=result.Outcome(fixed.passed, fixed.message), passed=as_run.passed, message=as_run.message,
+        sglang_warnings=tuple(as_run.warnings), attention_backends=backends, passes=judged, verdict=verdict,
+        resolved=la.fields() if la is not None else None, sizing=sizing, admitted=as_run.passed)
 
 
-def _passes_detail(facts: dict, unchecked: str | None = None) -> str:
-    return verdict_mod.passes_detail(facts["release"], facts["stock"], facts["plugin"], facts["passes"], facts["sizing"],
-                                     facts["node"], unchecked)
+def _resolve_unchecked(release, argv: list[str], node: Node, paths: dict) -> Resolution | None:
+    """The resolution with the plugin's hooks but without its argument-time pass check: the launch the check
+    refuses, as it would run if admitted (for its host-memory figures only). None where sglang refuses it too."""
+    from ..plugin.hooks import speculative_hook
+
+    with swap.attribute(speculative_hook, "check_passes_under_dcp", lambda server_args: None):
+        unchecked = resolve(release, argv, node, paths, hooked=True)
+    return unchecked if unchecked.passed else None
+
+
+def _outcome(passed: bool, judged, sizing):
+    """The exit code of a judged launch, and what stops it where it stops at startup."""
+    if not passed:
+        return REJECTED, None
+    stops = getattr(getattr(sizing, "host_ram", None), "stops", ())
+    if stops:
+        return STOPS, stops[0]
+    refusing = [f for f in judged.broken if verdict_mod.refuses_at_startup(f)]
+    if refusing:
+        return STOPS, verdict_mod.backend_refusal(refusing[0])
+    if judged.broken:
+        return BROKEN_PASS, None
+    if judged.dcp > 1 and not judged.mapped:
+        return UNCHECKED, None
+    return PASSES, None
+
+
+# The attention-backend options a launch names; an advised backend replaces them all.
+BACKEND_OPTIONS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend")
+
+
+def _without(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``argv`` less the options ``names`` (with their values), and what was taken out."""
+    out, removed, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names and i + 1 < len(argv):
+            removed += argv[i: i + 2]
+            i += 2
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            removed.append(arg)
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, removed
+
+
+def _advise(release, argv: list[str], node: Node, device_rows: int | None, configs: dict, *, code: int, la, given,
+            judged, backend: str | None, plugin_on: bool, sizing) -> verdict_mod.Advice | None:
+    """The first change that makes the launch pass on this node and release, judged by preflight itself; None where
+    none does. Tried in order: an attention backend the pass map shows running it (not the one it runs), the plugin
+    on, --dcp-size 1 (where the launch is refused or broken), a --hicache-size the node holds."""
+    from ..plugin import switch
+
+    launch = la if la is not None else given
+    dcp = la.dcp_size if la is not None else int(given.dcp_size or 1)
+    algorithm = launch.speculative_algorithm
+    tries: list[tuple[list[str], tuple, tuple, tuple, bool]] = []  # (argv, add, remove, env, plugin on)
+    if dcp > 1 and code in (REJECTED, BROKEN_PASS, UNCHECKED, STOPS):
+        draft = la.draft_model_path if la is not None else given.speculative_draft_model_path
+        good = passes_mod.working_backends(
+            release.version, algorithm, dcp=dcp, own_layer=draft in (None, launch.model_path),
+            capability_major=node.capability[0], hicache=bool(launch.enable_hierarchical_cache),
+            verify_fix=_verify_fix(plugin_on) if algorithm else None)
+        for other in good:
+            if other == backend:
+                continue
+            rest, removed = _without(argv, BACKEND_OPTIONS)
+            tries.append(([*rest, "--attention-backend", other], ("--attention-backend", other), tuple(removed), (),
+                          plugin_on))
+    if not plugin_on and switch.entry_point_installed() and code != UNCHECKED:
+        tries.append((list(argv), (), (), (switch.TURN_ON,), True))
+    if dcp > 1 and code in (REJECTED, BROKEN_PASS):
+        rest, removed = _without(argv, ("--dcp-size",))
+        tries.append(([*rest, "--dcp-size", "1"], ("--dcp-size", "1"), tuple(removed), (), plugin_on))
+    ram = getattr(sizing, "host_ram", None)
+    if code == STOPS and ram is not None and any(s.kind == "ram" for s in ram.stops) and ram.ranks_per_node:
+        per_rank_gb = int((ram.available - ram.reserve) / ram.ranks_per_node / 1e9 * 0.9)
+        if per_rank_gb >= 1:
+            rest, removed = _without(argv, ("--hicache-size",))
+            tries.append(([*rest, "--hicache-size", str(per_rank_gb)], ("--hicache-size", str(per_rank_gb)),
+                          tuple(removed), (), plugin_on))
+    fallback = None
+    for advised, add, remove, env, on in tries:
+        try:
+            report = judge(release, advised, node, device_rows, configs, advise=False, plugin_on=on)
+        except DcpDsparkError:
+            continue
+        got = verdict_mod.Advice(add, remove, env, report.verdict.code, report.verdict.line)
+        if got.code == PASSES:
+            return got
+        if got.code == UNCHECKED and fallback is None and code != UNCHECKED:
+            fallback = got
+    return fallback
+
+
+def check_device_rows(configs: dict, node: Node, device_rows: int) -> None:
+    """--device-rows against the GPU's memory where no resolution got far enough to size a row: a row is at least
+    its target layers' latent (or K and V heads) at one byte a value, which bounds the rows a GPU can hold."""
+    config = configs["target"]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = int(text.get("num_hidden_layers") or 1)
+    if models_mod.is_mla_config(config):
+        width = int(text.get("kv_lora_rank") or 0) + int(text.get("qk_rope_head_dim") or 0)
+    else:
+        heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 1)
+        width = 2 * heads * int(text.get("head_dim") or (int(text.get("hidden_size") or 0)
+                                                          // max(1, int(text.get("num_attention_heads") or 1))))
+    least = max(1, layers * max(1, width))
+    most = int(node.gpu_memory_gib * GIB // least)
+    if device_rows > most:
+        raise DcpDsparkError(f"--device-rows {device_rows:,} needs at least {device_rows * least / GIB:,.1f} GiB of KV "
+                             f"per GPU (a row is at least {least:,} bytes), more than --gpu-memory-gib "
+                             f"{node.gpu_memory_gib:g}; expected at most {most:,}; fix: pass --device-rows N with N the "
+                             "max_total_num_tokens sglang logs for this launch")
 
 
 def _backends(la, given: argparse.Namespace, node: Node) -> result.Backends:
-    """The target's attention backends the launch runs on the emulated node, and where they come from (``given``:
+    """The target's attention backends the launch runs on the emulated node, and where each comes from (``given``:
     sglang's parse of the launch; its backend options default to None on every release)."""
-    named = given.decode_attention_backend or given.attention_backend
     prefill, decode = la.attention_backends if la is not None else (None, None)
-    source = ("named by the launch" if named else
-              f"sglang's own choice for this model on the {node.gpu_name} ({node.architecture}, SM{node.capability[0]}"
-              f"{node.capability[1]})")
-    return result.Backends(prefill, decode or named, source, la.speculative_draft_attention_backend if la is not None else None)
-
-
-def _instead(release, la, judged, node: Node, *, plugin_on: bool = False) -> str:
-    """The flag that works on this node instead, as far as the map shows one (with the verify fix where the launch
-    would run it: ``plugin_on``, or a tree that carries it)."""
-    if la is None or la.dcp_size <= 1:
-        return ""
-    algorithm = la.speculative_algorithm
-    # Asked once per judgement (each answer reads the backend's source): what the plugin would run, and what runs.
-    fix_with_plugin = functools.cache(lambda: _verify_fix(True))
-    fix = (fix_with_plugin() if plugin_on else _verify_fix(False)) if algorithm else None
-    good = passes_mod.working_backends(
-        release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
-        capability_major=node.capability[0], hicache=la.enable_hierarchical_cache, verify_fix=fix)
-    current = la.attention_backends[1]
-    good = tuple(b for b in good if b != current)
-    if good:
-        evidence = f"; {passes_mod.verify_evidence(fix)}" if fix and good[0] == "flashinfer" else ""
-        return f"; on this node use --attention-backend {good[0]} (the map shows every pass consistent there{evidence})"
-    kind = f"--speculative-algorithm {algorithm}" if algorithm else "a plain launch"
-    line = f"; of the backends the map checked, none runs {kind} under DCP correctly on the {node.gpu_name}"
-    if algorithm and current != "cutedsl_mla" and node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"]:
-        # PR #35221 was validated on Blackwell's cutedsl_mla, whose DCP reads the map cannot run on CPU.
-        line += "; --attention-backend cutedsl_mla is the backend PR #35221 was validated on (its passes unchecked here)"
-    elif algorithm and judged.broken:
-        line += "; use --dcp-size 1 for speculative decoding"
-    if not algorithm:
-        return line
-    if not plugin_on and fix_with_plugin() == "plugin":
-        # The plugin is off, and its verify hooks apply to this release: say what it would run.
-        with_plugin = passes_mod.working_backends(
-            release.version, algorithm, dcp=la.dcp_size, own_layer=la.draft_model_path in (None, la.model_path),
-            capability_major=node.capability[0], hicache=la.enable_hierarchical_cache, verify_fix="plugin")
-        if with_plugin:
-            line += (f"; with the plugin on (it is off), --attention-backend {with_plugin[0]} runs it: "
-                     f"{passes_mod.verify_evidence('plugin')}")
-    elif ((current == "flashinfer" or node.capability[0] not in passes_mod.ARCHITECTURE_BACKENDS["cutedsl_mla"])
-          and fix_with_plugin() is None and not version_at_least(release.version, hooks_mod.VERIFY_FIX_SINCE)):
-        # On flashinfer, or on a node without Blackwell's cutedsl_mla: the fix is what would run it, on a later release.
-        line += (f"; the flashinfer MLA verify fix, which runs DSPARK and external EAGLE drafts there, is carried from "
-                 f"sglang {hooks_mod.VERIFY_FIX_SINCE} (the plugin; patches/upstream-next on 0.5.23)")
-    return line
+    named_decode = given.decode_attention_backend or given.attention_backend
+    named_prefill = given.prefill_attention_backend or given.attention_backend
+    choice = f"sglang's choice on the {node.gpu_name}"
+    picked = ""
+    if not named_decode and la is not None:
+        picked = la.backend_picked_by or "sglang"
+    parts = []
+    for side, value, named in (("prefill", prefill, named_prefill), ("decode", decode or named_decode, named_decode)):
+        if value is None:
+            continue
+        parts.append(f"{side} {value} (" + ("named by the launch" if named and named == value
+                                            else (f"picked by {picked}" if side == "decode" and picked
+                                                  and picked != "sglang" else choice)) + ")")
+    return result.Backends(prefill, decode or named_decode, "; ".join(parts) or "not resolved",
+                           la.speculative_draft_attention_backend if la is not None else None,
+                           picked if picked != "sglang" else "")
 
 
 def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,

@@ -12,11 +12,24 @@ verdict's reasons for a stop at startup are decided here, in one place:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core import rules
 
 GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Stop:
+    """One reason startup stops in the host pools: ``pool-build`` (sglang or a hook refused while building them),
+    ``coverage`` (the draft host pool short of the logical slots), ``ram`` (the node cannot hold them). Its words
+    are :mod:`verdict`'s."""
+
+    kind: str
+    error: str | None = None
+    coverage: float | None = None
+    needed: int = 0
+    left: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,7 +43,9 @@ class HostRam:
     budget_per_rank: int | None  # --hicache-size, when given
     coverage: float | None  # draft rows / target logical slots
     startup_error: str | None
-    stops: list[str] = field(default_factory=list)
+    stops: tuple[Stop, ...] = ()
+    host_rows: int | None = None  # the target host pool's physical rows, and the device pool's, per rank
+    device_rows: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -38,29 +53,27 @@ class HostRam:
 
 
 def judge(built, *, ranks_per_node: int, available: int, available_from: str, reserve: int,
-          hicache_size_gb: float, estimated_rows: bool) -> HostRam:
+          hicache_size_gb: float, device_rows: int | None = None) -> HostRam:
     per_rank = built.bytes
     target, draft = built.target, built.draft
     coverage = None
     if target is not None and draft is not None and built.draft_plan != "PACKED":
         coverage = rules.coverage(draft.logical_slots, target.logical_slots)
-    ram = HostRam(
-        needed_per_rank=per_rank, needed_per_node=rules.per_node(per_rank, ranks_per_node), ranks_per_node=ranks_per_node,
+    needed = rules.per_node(per_rank, ranks_per_node)
+    stops = []
+    if built.startup_error:
+        stops.append(Stop("pool-build", error=built.startup_error))
+    if coverage is not None and not rules.covers(draft.logical_slots, target.logical_slots):
+        stops.append(Stop("coverage", coverage=coverage))
+    if per_rank and needed > available - reserve:
+        stops.append(Stop("ram", needed=needed, left=available - reserve))
+    return HostRam(
+        needed_per_rank=per_rank, needed_per_node=needed, ranks_per_node=ranks_per_node,
         available=available, available_from=available_from, reserve=reserve,
         budget_per_rank=int(hicache_size_gb * rules.GB) if hicache_size_gb else None, coverage=coverage,
-        startup_error=built.startup_error,
+        startup_error=built.startup_error, stops=tuple(stops),
+        host_rows=target.rows if target is not None else None, device_rows=device_rows,
     )
-    # Both RAM figures scale with the device rows; an estimate overstates them.
-    caveat = "; device rows are an upper-bound estimate, pass --device-rows for a firm verdict" if estimated_rows else ""
-    if built.startup_error:
-        ram.stops.append(f"startup stops while the host pools are built: {built.startup_error}{caveat}")
-    if coverage is not None and not rules.covers(draft.logical_slots, target.logical_slots):
-        ram.stops.append(f"the draft host pool covers {coverage:.3f} of the target's logical slots "
-                         "(the capacity guard stops startup; without it L1 eviction writes past the draft buffer)")
-    if per_rank and not ram.fits:
-        ram.stops.append(f"host pools need {gib(ram.needed_per_node)} per node, more than the "
-                         f"{gib(available - reserve)} left after sglang's reserve (sglang's host-memory check refuses them){caveat}")
-    return ram
 
 
 def gib(n: int) -> str:

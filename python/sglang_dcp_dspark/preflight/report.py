@@ -39,9 +39,11 @@ def render(report) -> str:
         out.append(f"  {label:<13} {'passes' if r.passed else 'rejected: ' + r.message}")
     backends = report.attention_backends
     if backends.decode or backends.prefill:
-        out.append(f"  {'attention':<13} prefill {backends.prefill or '?'}, decode {backends.decode or '?'}"
-                   f" ({backends.source})")
+        out.append(f"  {'attention':<13} {backends.source}")
     out.extend(_render_passes(report.passes))
+    if report.sglang_warnings:
+        out.append(f"  {'sglang warns':<13} " + report.sglang_warnings[0])
+        out.extend(f"  {'':<13} {w}" for w in report.sglang_warnings[1:])
     sizing = report.sizing
     if isinstance(sizing, NoPools):
         out.append(f"  host pools: {sizing.skipped}")
@@ -49,6 +51,7 @@ def render(report) -> str:
         out.extend(_render_sizing(sizing, report))
     out.append("")
     out.append(report.verdict.line)
+    out.extend(report.verdict.block())
     return "\n".join(line.rstrip() for line in out)
 
 
@@ -58,6 +61,8 @@ def _render_passes(judged) -> list[str]:
     if not judged.algorithm or judged.dcp <= 1:
         return []
     kind = "plain DCP (no speculative decoding)" if judged.algorithm == "plain" else judged.algorithm
+    if judged.algorithm == "NEXTN":
+        kind = "NEXTN (the target's own NextN layer as draft; sglang runs it as EAGLE)"
     if not judged.mapped:
         return [f"  {'passes':<13} {kind} at dcp {judged.dcp}: unchecked: {judged.why_unmapped}"]
     out = [f"  {'passes':<13} {kind} at dcp {judged.dcp}, from the pass map (docs/spec-under-dcp.md)"
@@ -85,7 +90,9 @@ def _pool_lines(pools, coverage: float | None, label: str = "", width: int = 30)
 
 
 def _render_sizing(sizing, report) -> list[str]:
-    out = ["", f"DCP geometry (rank 0 of {sizing.dcp_size}):"]
+    # A refused launch is sized as it would run if the refusing side admitted it.
+    admitted = "" if report.admitted else ", if admitted (the launch as run is refused)"
+    out = ["", f"DCP geometry (rank 0 of {sizing.dcp_size}{admitted}):"]
     out.append(f"  page size       {sizing.page_size} physical, {sizing.logical_page_size} logical")
     out.append(f"  device rows     {sizing.device_rows:,} physical per rank ({sizing.device_rows_note})")
     ratio = sizing.hicache_ratio
@@ -117,7 +124,7 @@ def _render_sizing(sizing, report) -> list[str]:
             out.append(f"  stock sglang stops here: {sizing.stock_startup_error}")
     ram = sizing.host_ram
     out.append("")
-    out.append(f"Host RAM ({sizing.ranks_per_node} ranks per node, as run):")
+    out.append(f"Host RAM ({sizing.ranks_per_node} ranks per node, {'as run' if report.admitted else 'if admitted'}):")
     if ram.startup_error:
         out.append(f"  needed          at least {gib(ram.needed_per_rank)} per rank, {gib(ram.needed_per_node)} per node "
                    "(the pools built before startup stopped)")
@@ -164,6 +171,7 @@ def render_sweep(result) -> str:
     if why:
         out += ["", "  why:"]
         out += [f"  {value:<14} {verdict.line.removeprefix('verdict: ')}" for value, verdict in why]
+        out += ["", "  (preflight without --sweep, on one value, prints the reasons in full)"]
     if any(r.variants for r in result.rows):
         out += ["", f"  pinned host memory per node by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
         for row in result.rows:

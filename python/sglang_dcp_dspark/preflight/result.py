@@ -61,11 +61,13 @@ class Backends:
 
     prefill: str | None
     decode: str | None
-    source: str
+    source: str  # each side's backend and where it comes from, in words
     draft: str | None
+    picked_by: str = ""  # who picked the decode backend where the launch names none and sglang's own choice was not kept
 
     def as_dict(self) -> dict:
-        return {"prefill": self.prefill, "decode": self.decode, "from": self.source, "draft": self.draft}
+        return {"prefill": self.prefill, "decode": self.decode, "from": self.source, "draft": self.draft,
+                "picked_by": self.picked_by or None}
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,10 @@ class Sizing:
 
     @property
     def startup_stops(self) -> tuple[str, ...]:
-        return tuple(self.host_ram.stops)
+        """Why startup stops in the host pools, in the verdict's words (empty: it does not)."""
+        from .verdict import stop_sentence
+
+        return tuple(stop_sentence(s, estimated=self.device_rows_estimated) for s in self.host_ram.stops)
 
     def as_dict(self) -> dict:
         ram = self.host_ram
@@ -190,8 +195,9 @@ class NoPools:
 
 @dataclass(frozen=True)
 class Report:
-    """One judged launch. ``resolved`` and ``sizing`` are set only where the launch as run passes sglang's
-    validation; a rejected launch's report ends at its verdict."""
+    """One judged launch. ``resolved`` and ``sizing`` are set where some resolution passes sglang's validation:
+    the launch as run, or, where that one is refused (``admitted`` False), the other one (stock's where the plugin
+    refuses), so that a refused launch still shows what it would pin if admitted."""
 
     release: Release
     launch: tuple[str, ...]
@@ -207,6 +213,7 @@ class Report:
     verdict: Verdict
     resolved: dict | None = None
     sizing: Sizing | NoPools | None = None
+    admitted: bool = True
 
     @property
     def startup_stops(self) -> tuple[str, ...]:
@@ -222,6 +229,7 @@ class Report:
             out["resolved"] = dict(self.resolved)
             out["sizing"] = self.sizing.as_dict()
             out["startup_stops"] = list(self.startup_stops)
+            out["sizing_if_admitted"] = not self.admitted
         out["verdict"] = self.verdict.as_dict()
         return out
 
