@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from report_text import below_verdict, verdict_line
 
 from sglang_dcp_dspark.__main__ import main
 from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
@@ -74,22 +75,19 @@ def run_cli(*argv: str) -> tuple[int, str, str, int]:
         return child.returncode, out.read(), err.read(), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
 
 
-CUTEDSL_UNCHECKED = "under DCP its passes are unchecked (the map ran the target on fa3, flashinfer, not cutedsl_mla)"
-FLASHINFER_CHECKED = "under DCP the pass map checked EXTEND, DECODE_EAGER, DECODE_GRAPH on flashinfer: each reads the rows it wrote"
-
-
-def passes_line(stock: str, fix: str, per_node: str, available: str = "2,048.00 GiB",
-                from_: str = "the emulated node's default", *, draft: bool = True) -> str:
-    """The exact verdict line of a launch that passes and will start: what stock does, what the fix does, what the
-    pass map checked, whether the node fits. A speculative launch runs on cutedsl_mla on a B200 (exit 6, unchecked);
-    a plain one on flashinfer on an H200 (exit 0)."""
+def passes_line(per_node: str, available: str = "2.0 TiB", *, draft: bool = True, estimate: bool = False) -> str:
+    """The exact verdict line of a launch that passes and will start (``per_node``: the report's "1,234.56 GiB").
+    A speculative launch runs on cutedsl_mla on a B200 (exit 6, unchecked); a plain one on flashinfer on an H200
+    (exit 0)."""
+    gib = f"{float(per_node.split()[0].replace(',', '')):,.0f} GiB/node host" + (" (estimate)" if estimate else "")
     if draft:
-        return (f"verdict: PASSES, UNCHECKED (exit 6): {stock}; {fix}; {CUTEDSL_UNCHECKED}; its host pools pin "
-                f"{per_node} per node, within the {available} of the 8 x NVIDIA B200 node ({from_}): it will start "
-                "(judged by sglang 0.5.17); of the backends the map checked, none runs --speculative-algorithm DSPARK "
-                "under DCP correctly on the NVIDIA B200")
-    return (f"verdict: PASSES (exit 0): {stock}; {fix}; {FLASHINFER_CHECKED}; its host pools pin {per_node} per node, "
-            f"within the {available} of the 8 x NVIDIA H200 node ({from_}): it will start (judged by sglang 0.5.17)")
+        return f"verdict: PASSES, UNCHECKED (exit 6): DSPARK under DCP not checked on cutedsl_mla; {gib}, fits {available}"
+    return f"verdict: PASSES (exit 0): passes checked on flashinfer; {gib}, fits {available}"
+
+
+def why(out: str) -> str:
+    """The block beneath the verdict line, as one string (its lines are wrapped)."""
+    return " ".join(line.strip() for line in below_verdict(out))
 
 
 COVERS_ALL = "with the plugin it passes and the draft host pool covers all of the target's logical slots"
@@ -112,8 +110,8 @@ def test_plain_launch_without_a_draft_passes():
     assert "stock sglang  passes" in out and "with plugin   passes" in out
     assert "Host RAM (8 ranks per node, as run):" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
-    assert out.rstrip().splitlines()[-1] == passes_line("stock sglang passes it too", "with the plugin it passes",
-                                                        per_node, draft=False)
+    assert verdict_line(out) == passes_line(per_node, draft=False, estimate=True)
+    assert "stock sglang admits it too; with the plugin it passes" in why(out)
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
@@ -143,9 +141,11 @@ def test_default_launch_with_a_draft_passes():
     assert "  draft           plan registration, kv_cache_builder.maybe_register_hicache_draft" in out
     assert "available       2,048.00 GiB (the emulated node's default) less sglang's 10.00 GiB reserve: fits" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
-    assert out.rstrip().splitlines()[-1] == passes_line("stock sglang rejects it", COVERS_ALL, per_node)
-    # cutedsl_mla decodes only: sglang 0.5.17 prefills with trtllm_mla beside it on Blackwell
-    assert "  attention     prefill trtllm_mla, decode cutedsl_mla (named by the launch)" in out
+    assert verdict_line(out) == passes_line(per_node)
+    assert "stock sglang rejects it" in why(out) and COVERS_ALL in why(out)
+    # cutedsl_mla decodes only: sglang 0.5.17 prefills with trtllm_mla beside it on Blackwell, its own choice
+    assert ("  attention     prefill trtllm_mla (sglang's choice on the NVIDIA B200); decode cutedsl_mla (named by the "
+            "launch)") in out
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
@@ -202,8 +202,9 @@ def test_json_report_geometry(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and not report["stock"]["passed"] and GATE in report["stock"]["message"]
     per_node = f"{report['sizing']['host_ram']['needed_per_node'] / GIB:,.2f} GiB"
-    assert report["verdict"] == {"code": UNCHECKED, "outcome": "PASSES, UNCHECKED",
-                                 "line": passes_line("stock sglang rejects it", COVERS_ALL, per_node, from_="--host-ram-gib")}
+    verdict = report["verdict"]
+    assert (verdict["code"], verdict["outcome"], verdict["line"]) == (UNCHECKED, "PASSES, UNCHECKED", passes_line(per_node))
+    assert verdict["advice"] is None and any(COVERS_ALL in w for w in verdict["why"])
     sizing = report["sizing"]
     assert sizing["dcp_size"] == 8 and sizing["device_rows"] == 1024
     pools = {p["name"]: p for p in sizing["pools"]}
@@ -279,17 +280,17 @@ def test_plugins_startup_check_stops_it_exit_3(capsys):
     assert report["startup_stops"][0] == f"startup stops while the host pools are built: {error}"
     assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1].startswith(
-        "verdict: STOPS AT STARTUP (exit 3): passes sglang 0.5.17's validation but stops at startup: startup stops while "
-        "the host pools are built: HiCache needs at least ")
+    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3): building the host pools fails: HiCache "
+                                        "needs at least ")
+    assert f"startup stops while the host pools are built: {' '.join(error.split())}" in why(out)
 
 
 def test_stop_on_estimated_rows_says_so(capsys):
     """A stop judged on the upper-bound estimate of device rows asks for the real figure."""
     assert main(["preflight", "--host-ram-gib", "64", *launch()]) == 3
-    verdict = capsys.readouterr().out.rstrip().splitlines()[-1]
-    assert verdict.startswith("verdict: STOPS AT STARTUP (exit 3)")
-    assert verdict.endswith("device rows are an upper-bound estimate, pass --device-rows for a firm verdict")
+    out = capsys.readouterr().out
+    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3)") and "(estimate)" in verdict_line(out)
+    assert "device rows are an upper-bound estimate, pass --device-rows for a firm verdict" in why(out)
 
 
 def test_hicache_size_that_does_not_fit_exits_3(capsys):
@@ -298,8 +299,8 @@ def test_hicache_size_that_does_not_fit_exits_3(capsys):
     out = capsys.readouterr().out
     # sglang's own check refuses the target pool while it is built: the target's share of the 100 GB
     # (the plugin's split) is more than the 64 GiB node has free after sglang's reserve.
-    assert out.rstrip().splitlines()[-1].startswith("verdict: STOPS AT STARTUP (exit 3)")
-    assert "Not enough host memory available. Requesting 88.89 GB but only have 57.98 GB free" in out.rstrip().splitlines()[-1]
+    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3)")
+    assert "Not enough host memory available. Requesting 88.89 GB but only have 57.98 GB free" in why(out)
 
 
 def test_short_draft_host_pool_exits_3(capsys, monkeypatch):
@@ -336,9 +337,8 @@ def test_eagle_is_rejected_with_sglangs_message(capsys):
     out = capsys.readouterr().out
     assert "launch REJECTED" in out and GATE in out
     # the plugin's resolver hook refuses it, in the series' words
-    assert out.rstrip().splitlines()[-1].startswith(
-        "verdict: REJECTED (exit 1): with the dcp_dspark plugin on, sglang 0.5.17 rejects the launch: "
-        "NotImplementedError: " + GATE)
+    assert verdict_line(out).startswith("verdict: REJECTED (exit 1): the plugin refuses it: " + GATE)
+    assert "stock sglang rejects it (NotImplementedError: " + GATE in why(out)
 
 
 @pytest.mark.parametrize(
@@ -357,7 +357,7 @@ def test_plugin_off_reports_the_stock_result(capsys, monkeypatch, env, reason):
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith("(as run with the dcp_dspark plugin off)")
     assert out.splitlines()[2] == f"  plugin        {reason}"
-    assert out.rstrip().splitlines()[-1].startswith("verdict: REJECTED (exit 1)")
+    assert verdict_line(out).startswith("verdict: REJECTED (exit 1)")
 
 
 def test_empty_sglang_plugins_keeps_the_plugin_on(capsys, monkeypatch):
@@ -615,7 +615,7 @@ def test_every_sweep_row_that_does_not_pass_says_why(capsys):
     out = capsys.readouterr().out
     why = out.split("\n  why:\n", 1)[1].splitlines()
     assert why[0].split()[0] == "1.5" and "invalid int value: '1.5'" in why[0]
-    assert why[1].split()[0] == "-1" and "REJECTED (exit 1): sglang 0.5.17 rejects the launch: ValueError" in why[1]
+    assert why[1].split()[0] == "-1" and "REJECTED (exit 1): sglang 0.5.17 rejects it: Decode context parallel size" in why[1]
     assert "8 " not in [line[:2] for line in why if line.strip()][:2]
 
 

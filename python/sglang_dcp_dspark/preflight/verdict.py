@@ -21,6 +21,7 @@ only where the launch passes.
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass, field
 
@@ -63,7 +64,7 @@ class Advice:
     def change(self) -> str:
         """The change in a few words: ``--attention-backend flashinfer``, ``--dcp-size 1``, ``the plugin on``."""
         if self.env:
-            return "with the plugin on (" + "; ".join(self.env) + ")"
+            return "the plugin on"
         return " ".join(self.add)
 
     def as_dict(self) -> dict:
@@ -293,8 +294,8 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
     judged = facts.judged
     # A refusal of a launch kind on a backend under DCP (the plugin's check, the series' words) is named by what
     # it refuses; any other is sglang's own message, quoted.
-    kind = (f"{kind_of(judged)} on {facts.backend} under DCP" if judged.dcp > 1 and facts.backend
-            and "dcp-size" in str(message) else "")
+    on = re.search(r" on (\S+) MLA is not supported", str(message))
+    kind = f"{kind_of(judged)} on {on.group(1)} under DCP" if on and judged.dcp > 1 else ""
     if plugin_refuses:
         who = "the plugin refuses"
     elif applied:
@@ -340,7 +341,8 @@ def broken(facts: Facts, advice: Advice | None) -> Verdict:
     why = [f.line() for f in judged.broken]
     if judged.note:
         why.append(judged.note)
-    why.append(stock_clause(facts))
+    if facts.plugin_on:  # with the plugin off, the launch as run is stock's: its passes are the ones above
+        why.append(stock_clause(facts))
     ok = [f.name for f in judged.findings if f.verdict == "consistent"]
     checked = (f"consistent under DCP: {', '.join(ok)}" if ok else "")
     return Verdict(BROKEN_PASS, reason, host_clause(facts), advice, tuple(why) + host_warnings(facts), checked, "",
@@ -393,13 +395,14 @@ def _plugin_clause(facts: Facts) -> str:
 def _todo(facts: Facts, advice: Advice | None, code: int) -> tuple[str, ...]:
     if advice is not None:
         removed = f" (drop {' '.join(advice.remove)})" if advice.remove else ""
-        return (f"{advice.change}{removed}: preflight judged that launch on this node: {advice.line}",)
+        how = f" ({'; '.join(advice.env)})" if advice.env else ""
+        return (f"{advice.change}{removed}{how}: preflight judged that launch on this node: {advice.line}",)
     if code == UNCHECKED:
-        return ("no backend the pass map checked runs it on this node and release: it runs as it is, its passes "
-                "under DCP unchecked",)
+        return ("it runs as it is, its passes under DCP unchecked: the pass map has checked no other backend that "
+                "passes it on this node and release",)
     if facts.judged.dcp > 1 and code in (REJECTED, BROKEN_PASS):
-        return ("nothing preflight tried runs it on this node and release (another --attention-backend, "
-                "--dcp-size 1, the plugin on)",)
+        return ("preflight found no change that passes on this node and release (it tried the checked "
+                "--attention-backend values, --dcp-size 1 and the plugin on)",)
     return ()
 
 
