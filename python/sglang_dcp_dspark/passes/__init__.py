@@ -447,6 +447,10 @@ EAGLE_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on {backe
 FA3_ON = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA is not supported: under DCP fa3 plans "
           "its page table from untranslated req_to_token locs, so the target's extend and verify read other tokens' KV "
           "(and a NextN draft's passes too). Use --dcp-size 1 for speculative decoding on fa3 MLA.")
+# 0013's words where flashinfer MLA's verify is planned split: flashinfer runs the launch fa3 cannot.
+FA3_ON_FLASHINFER = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} on fa3 MLA is not supported: under DCP "
+                     "fa3 plans its page table from untranslated req_to_token locs, so the target's extend and verify "
+                     "read other tokens' KV. Use --attention-backend flashinfer, whose verify is planned for DCP.")
 DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: under DCP the target's verify plans KV "
              "ids past this rank's pool, so it reads other tokens' KV. Use --dcp-size 1 for speculative decoding on "
              "{backend} MLA.")
@@ -484,12 +488,14 @@ def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | No
 
 def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
             target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
-            topk: int = 1) -> str | None:
+            topk: int = 1, flashinfer_fix: str | None = None) -> str | None:
     """The one line the argument check refuses a launch with, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
     left to sglang. The draft's own passes are judged by the draft backend
-    whatever the target's is.
+    whatever the target's is. ``flashinfer_fix``: who would plan a flashinfer
+    MLA verify split for this launch, so that a refusal on fa3 names flashinfer
+    where flashinfer runs it (0013's words).
     """
     name = (algorithm or "").upper()
     if dcp <= 1 or not name:
@@ -519,7 +525,8 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         # does (preflight still names it a broken pass).
         return None
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
-        return FA3_ON.format(dcp=dcp, algorithm=name)
+        runs = flashinfer_fix is not None and (name == "DSPARK" or not own_layer)
+        return (FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name)
     if name in EAGLE_FAMILY and mla:
         return EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend)
     if name == "DSPARK":

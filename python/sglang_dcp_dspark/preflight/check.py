@@ -377,7 +377,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     resolved = as_run.launch or (other.launch if other is not None else None)
     judged = judge_passes(release, given, configs, resolved, plugin_on=state.enabled)
     stock_judged = judge_passes(release, given, configs, stock.launch, plugin_on=False) if stock.passed else None
-    backends = _backends(resolved, given, node)
+    backends = _backends(resolved, given, node, picked_by=_picked_by(stock, fixed, state.enabled, given))
     rel = result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
                          tuple(release.changes), tuple(_applied_series()))
     sizing = la = None
@@ -535,26 +535,33 @@ def check_device_rows(configs: dict, node: Node, device_rows: int) -> None:
                              "max_total_num_tokens sglang logs for this launch")
 
 
-def _backends(la, given: argparse.Namespace, node: Node) -> result.Backends:
+def _picked_by(stock, fixed, plugin_on: bool, given: argparse.Namespace) -> str:
+    """Who picked the decode backend of a launch that names none, where sglang's own pick was not kept: "the plugin"
+    where its resolution and stock's both got through and differ there (under DCP on Hopper it picks flashinfer)."""
+    if not plugin_on or given.decode_attention_backend or given.attention_backend:
+        return ""
+    if stock.launch is None or fixed.launch is None:
+        return ""
+    return "the plugin" if stock.launch.attention_backends[1] != fixed.launch.attention_backends[1] else ""
+
+
+def _backends(la, given: argparse.Namespace, node: Node, *, picked_by: str = "") -> result.Backends:
     """The target's attention backends the launch runs on the emulated node, and where each comes from (``given``:
     sglang's parse of the launch; its backend options default to None on every release)."""
     prefill, decode = la.attention_backends if la is not None else (None, None)
     named_decode = given.decode_attention_backend or given.attention_backend
     named_prefill = given.prefill_attention_backend or given.attention_backend
     choice = f"sglang's choice on the {node.gpu_name}"
-    picked = ""
-    if not named_decode and la is not None:
-        picked = la.backend_picked_by or "sglang"
+    picked = picked_by if not named_decode and la is not None else ""
     parts = []
     for side, value, named in (("prefill", prefill, named_prefill), ("decode", decode or named_decode, named_decode)):
         if value is None:
             continue
         parts.append(f"{side} {value} (" + ("named by the launch" if named and named == value
-                                            else (f"picked by {picked}" if side == "decode" and picked
-                                                  and picked != "sglang" else choice)) + ")")
+                                            else f"picked by {picked} under DCP" if picked and value == decode
+                                            else choice) + ")")
     return result.Backends(prefill, decode or named_decode, "; ".join(parts) or "not resolved",
-                           la.speculative_draft_attention_backend if la is not None else None,
-                           picked if picked != "sglang" else "")
+                           la.speculative_draft_attention_backend if la is not None else None, picked)
 
 
 def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,

@@ -93,9 +93,6 @@ class Launch:
     # the launch's flags, else the release's default for that architecture and model (model hooks included).
     attention_backends: tuple = (None, None)
     speculative_draft_attention_backend: str | None = None
-    # Who picked the decode backend where the launch names none and sglang's default was not kept: "the plugin"
-    # (under DCP on Hopper it picks flashinfer MLA over fa3), else None.
-    backend_picked_by: str | None = None
     # sglang's own resolved record, for the builders that take it (a decode server's model config).
     record: object = field(default=None, compare=False, repr=False)
 

@@ -368,7 +368,7 @@ def passes(facts: Facts) -> Verdict:
         backends = ", ".join(sorted({f.backend for f in judged.findings if f.verdict == "consistent"}))
         reason = f"passes checked on {backends}"
         if facts.backend_picked and facts.backend:
-            reason += f" ({facts.backend} picked by {facts.backend_picked})"
+            reason += f", picked by {facts.backend_picked}"
         if judged.evidence:
             reason += f"; verify: {verify_source(judged.evidence)}, proven on CPU"
     why = [stock_clause(facts), _plugin_clause(facts)] + list(host_warnings(facts))

@@ -117,6 +117,7 @@ from . import (  # noqa: E402
     hicache_auto_size,
     hybrid_pool_assembler,
     kv_cache_builder,
+    overrides,
     scheduler,
     server_args,
     speculative_hook,
@@ -124,7 +125,7 @@ from . import (  # noqa: E402
 
 HOOKS: tuple[Hook, ...] = (
     *server_args.HOOKS, *kv_cache_builder.HOOKS, *scheduler.HOOKS, *hybrid_pool_assembler.HOOKS,
-    *hicache_auto_size.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
+    *hicache_auto_size.HOOKS, *overrides.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
 # The sglang modules the table's callers name (SIDECAR_CARRIES below, preflight's adapters, the tests): each

@@ -1,4 +1,6 @@
-"""Hook on ``sglang.srt.server_args``: the HiCache + DCP gate admits DSPARK (series patch 0001)."""
+"""Hooks on ``sglang.srt.server_args``: the HiCache + DCP gate admits DSPARK (series patch 0001); under DCP on
+Hopper an MLA model's default backend is flashinfer (0.5.17 and 0.5.18, whose picker is a ServerArgs method; from
+0.5.19 the picker is :mod:`.overrides`')."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
 
 MODULE = "sglang.srt.server_args"
 RESOLVER = f"{MODULE}.ServerArgs._resolve_hicache_dcp_compatibility"
+DEFAULT_BACKEND = f"{MODULE}.ServerArgs._get_default_attn_backend"
 # Series patch 0001's wording (and upstream 0.5.18's), so that a user reads the
 # same refusal whichever carrier fixed the tree.
 DSPARK_ONLY = (
@@ -94,7 +97,32 @@ def admit_dspark(original: Callable, server_args, *args, **kwargs):
         raise NotImplementedError(DSPARK_ONLY) from None
 
 
-# The table's entry (plugin/hooks/__init__.py collects it; docs/patches.md is generated from it).
+def default_verdict(original: Callable | None = None) -> Finding:
+    from . import overrides
+
+    if original is None:
+        from sglang.srt.server_args import ServerArgs
+
+        original = getattr(ServerArgs, "_get_default_attn_backend", None)
+    if original is None:
+        return Finding(DEFAULT_BACKEND, Verdict.OUT_OF_SCOPE, "ServerArgs has no _get_default_attn_backend")
+    found = overrides.picks_fa3_for_mla_on_hopper(original)
+    if found is not None:
+        return Finding(DEFAULT_BACKEND, found.verdict, found.detail)
+    return Finding(DEFAULT_BACKEND, Verdict.NEEDS_FIX, "under DCP sglang picks fa3 for an MLA model on Hopper, which has "
+                                                       "no DCP code")
+
+
+def pick_flashinfer_under_dcp(original: Callable, server_args, use_mla_backend, model_config, *args, **kwargs):
+    """AROUND hook for ``ServerArgs._get_default_attn_backend(self, use_mla_backend, model_config)``."""
+    from . import overrides
+
+    first_call()
+    return overrides.pick(original(server_args, use_mla_backend, model_config, *args, **kwargs), server_args,
+                          use_mla_backend)
+
+
+# The table's entries (plugin/hooks/__init__.py collects them; docs/patches.md is generated from them).
 HOOKS = (
     Hook(
         module=MODULE, target=RESOLVER, judge=resolver_verdict, hook=admit_dspark,
@@ -104,5 +132,14 @@ HOOKS = (
         upstream="PR #35221, released in 0.5.18 (the same condition and message)",
         drop_when="on sglang 0.5.18 and later, where the judge finds the gate admits DSPARK and the hook stays out",
         series_patch="sglang-0.5.17/0001",
+    ),
+    Hook(
+        module=MODULE, target=DEFAULT_BACKEND, judge=default_verdict, hook=pick_flashinfer_under_dcp,
+        does="under DCP on Hopper, picks flashinfer for an MLA model that names no --attention-backend (not fa3)",
+        why="sglang picks fa3 for an MLA model on Hopper when no --attention-backend is named, and fa3 has no DCP code, "
+            "so a DCP launch that names none is refused (or crashes at its first decode) though flashinfer runs it",
+        upstream="open: sgl-project/sglang#35384 (the same default); not yet sent (patches/upstream-next 0015)",
+        drop_when="upstream defaults Hopper's MLA backend to flashinfer under DCP, or fa3 gains DCP code",
+        series_patch="upstream-next/0015",
     ),
 )

@@ -134,6 +134,7 @@ def check_passes_under_dcp(server_args) -> None:
         own_layer=draft_path in (None, getattr(view, "model_path", None)), mla=mla, target_backend=target_backend,
         draft_backend=getattr(view, "speculative_draft_attention_backend", None),
         verify_fix=_verify_fix(target_backend, mla), topk=int(getattr(view, "speculative_eagle_topk", None) or 1),
+        flashinfer_fix=_verify_fix("flashinfer", mla),
     )
     if line is not None:
         raise ValueError(line)

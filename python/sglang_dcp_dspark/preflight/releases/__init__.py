@@ -217,8 +217,10 @@ class Release:
             return int(compute(dp > 1, 0, tp, dp, cp)[1])
         return int(compute(0, tp, dp, cp)[1])
 
-    # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver, 0.5.23's gate.
-    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.speculative_hook")
+    # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver and default backend, the default
+    # backend of 0.5.19 on, 0.5.23's gate.
+    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.overrides",
+                          "sglang.srt.arg_groups.speculative_hook")
 
     @contextlib.contextmanager
     def resolution_hooks(self, hooked: bool):
