@@ -20,6 +20,7 @@ from sglang_dcp_dspark.plugin.hooks import flashinfer_mla_backend as verify_hook
 from sglang_dcp_dspark.plugin.hooks import hicache_auto_size as auto_size_hooks
 from sglang_dcp_dspark.plugin.hooks import hybrid_pool_assembler as assembler_hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.plugin.hooks import overrides as overrides_hooks
 from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
 from sglang_dcp_dspark.plugin.hooks import server_args as server_args_hooks
 from sglang_dcp_dspark.plugin.hooks import speculative_hook as speculative_hooks
@@ -29,6 +30,9 @@ PROBE = Path(__file__).parent / "plugin_probe.py"
 REPO = Path(__file__).resolve().parents[1]
 GATE = "HiCache with --dcp-size > 1"
 SPECULATIVE = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
+DEFAULT_BACKEND = "sglang.srt.server_args.ServerArgs._get_default_attn_backend"
+OVERRIDES_DEFAULT = "sglang.srt.arg_groups.overrides.get_default_attn_backend"
+VERIFY_TARGETS = (verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD)
 
 
 def probe(model: Path, *, spawn: bool = False, plugins: str | None = None, pythonpath: Path | None = None) -> dict:
@@ -61,11 +65,18 @@ def test_on_stock_sglang_the_plugin_fixes_launcher_and_spawned_scheduler(tiny_ml
         # there (judged where its module is imported).
         findings = got[where]["findings"]
         assert findings.pop(SPECULATIVE, "NEEDS_FIX") == "NEEDS_FIX", where
+        # 0.5.17's default backend is a ServerArgs method: the picker of 0.5.19 on is not there to hook.
+        assert findings.pop(OVERRIDES_DEFAULT, "OUT_OF_SCOPE") == "OUT_OF_SCOPE", where
+        # The verify under DCP is written for 0.5.22's and 0.5.23's flashinfer MLA backend.
+        for target in VERIFY_TARGETS:
+            assert findings.pop(target, "OUT_OF_SCOPE") == "OUT_OF_SCOPE", (where, target)
         assert set(findings.values()) == {"NEEDS_FIX"}, where
     # One line per target, and a second register() adds none; the draft registration adds what HiCache pins.
     decisions = [line for line in got["plugin_log"] if line.startswith("INFO dcp_dspark:")]
-    assert len(decisions) == 3 and all(line.startswith("INFO dcp_dspark: hooked") for line in decisions), decisions
-    assert decisions[1].startswith(f"INFO dcp_dspark: hooked {SPECULATIVE}")
+    hooked = [line for line in decisions if line.startswith("INFO dcp_dspark: hooked")]
+    # and the four entries not for 0.5.17 (the picker of 0.5.19 on, the three verify hooks) each say so once
+    assert len(hooked) == 4 and len(decisions) == 8, decisions
+    assert hooked[2].startswith(f"INFO dcp_dspark: hooked {SPECULATIVE}")
     assert any(line.startswith("INFO HiCache pins") and "dcp_size 8" in line for line in got["plugin_log"])
 
 
@@ -81,10 +92,17 @@ def test_on_a_tree_with_the_series_applied_it_stands_aside(tiny_mla_model, tree_
     got = probe(tiny_mla_model, pythonpath=tree_copy.root)
     assert got["dspark"] == "passes" and got["late_import"]["out_of_bounds"] == 0
     findings = got["late_import"]["findings"]
-    # The series carries the fix; the pass map's refusal is the plugin's alone (the 0.5.17 series has no such check).
-    assert findings.pop(SPECULATIVE) == "NEEDS_FIX" and set(findings.values()) == {"FIXED"}
+    # The series carries the fix; the pass map's refusal and the DCP default backend are the plugin's alone (the
+    # 0.5.17 series has neither).
+    assert findings.pop(SPECULATIVE) == "NEEDS_FIX" and findings.pop(DEFAULT_BACKEND) == "NEEDS_FIX"
+    assert findings.pop(OVERRIDES_DEFAULT) == "OUT_OF_SCOPE"
+    assert all(findings.pop(target, "OUT_OF_SCOPE") == "OUT_OF_SCOPE" for target in VERIFY_TARGETS)
+    assert set(findings.values()) == {"FIXED"}
     log = got["plugin_log"]
-    assert len(log) == 3 and [line.startswith("INFO dcp_dspark: left") for line in log] == [True, False, True], log
+    left = [line.split(" alone")[0].removeprefix("INFO dcp_dspark: left ") for line in log if " alone" in line]
+    hooked = [line.split(":")[1].removeprefix(" hooked ") for line in log if line.startswith("INFO dcp_dspark: hooked")]
+    assert hooked == [DEFAULT_BACKEND, SPECULATIVE], log
+    assert len(left) == 6 and len(log) == 8, log
 
 
 # In-process: the verdicts on resolvers and registrations that are not 0.5.17's.
@@ -396,7 +414,7 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
     # every process pays for this much only, and none of it imports sglang or torch.
     carriers = {f"sglang_dcp_dspark.plugin.hooks.{name}" for name in (
         "_common", "server_args", "kv_cache_builder", "scheduler", "hybrid_pool_assembler", "hicache_auto_size",
-        "speculative_hook", "flashinfer_mla_backend")}
+        "overrides", "speculative_hook", "flashinfer_mla_backend")}
     assert ours == {
         "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.plugin.switch", "sglang_dcp_dspark.plugin.hooks",
         "sglang_dcp_dspark.plugin.decisions", "sglang_dcp_dspark.core", "sglang_dcp_dspark.core.rules", *carriers,
@@ -412,22 +430,24 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     from sglang_dcp_dspark.plugin.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
 
     assert [h.target for h in hooks.HOOKS] == [
-        server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,
-        assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP, assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
-        speculative_hooks.SPECULATIVE, verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD,
+        server_args_hooks.RESOLVER, server_args_hooks.DEFAULT_BACKEND, kv_cache_hooks.DRAFT_REGISTRATION,
+        scheduler_hooks.INIT_MEMORY_POOLS, assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP,
+        assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
+        overrides_hooks.DEFAULT_BACKEND, speculative_hooks.SPECULATIVE, verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
-        server_args_hooks.admit_dspark, kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
+        server_args_hooks.admit_dspark, server_args_hooks.pick_flashinfer_under_dcp,
+        kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
-        speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
+        overrides_hooks.pick_flashinfer_under_dcp, speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
         verify_hooks.verify_with_lse,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
-        server_args_hooks.resolver_verdict, kv_cache_hooks.registration_verdict, scheduler_hooks.budget_verdict,
-        hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict, hybrid_pool_assembler.guard_verdict,
-        hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
-        speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
+        server_args_hooks.resolver_verdict, server_args_hooks.default_verdict, kv_cache_hooks.registration_verdict,
+        scheduler_hooks.budget_verdict, hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict,
+        hybrid_pool_assembler.guard_verdict, hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
+        overrides_hooks.default_verdict, speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
         verify_hooks.same_verdict,
     ]
     for h in hooks.HOOKS:

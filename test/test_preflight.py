@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from report_text import below_verdict, verdict_line
 
+from report_text import below_verdict, verdict_line
 from sglang_dcp_dspark.__main__ import main
 from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 from sglang_dcp_dspark.preflight.check import (

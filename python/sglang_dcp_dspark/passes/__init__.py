@@ -318,7 +318,8 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     elif target_backend is not None:
         flagged = [c for c in flagged if FLAG_OF.get(c["target_backend"], c["target_backend"]) == target_backend]
         if not flagged:
-            return Judgement(release, name, dcp, False, why_unmapped=f"the map ran the target on {ran}, not {target_backend}")
+            return Judgement(release, name, dcp, False, why_unmapped=f"the pass map has not modelled {target_backend} "
+                                                                      f"(it models {ran})")
     else:
         note = (f"the launch names no --attention-backend; sglang picks the target's on the GPU node, and the map ran "
                 f"it on {ran}")
@@ -398,8 +399,8 @@ def judge_plain(version: str, *, dcp: int, target_backend: str | None) -> Judgem
         records = [r for r in records if flag_of(r["target_backend"]) == target_backend]
         if not records:
             ran = ", ".join(sorted({flag_of(r["target_backend"]) for r in _plain_records(release)}))
-            return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the map has no {target_backend} target "
-                                                                      f"(it has {ran})")
+            return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the pass map has not modelled {target_backend} "
+                                                                      f"(it models {ran})")
     else:
         note = "the launch names no --attention-backend and sglang's choice is not known here: every backend the map ran"
     ran = [r for r in records if any(p["verdict"] != NOT_RUN for p in r["passes"].values())]

@@ -268,7 +268,7 @@ def _same(a, b) -> bool:
 
 
 def size_pools(release, la, models, node: Node, device_rows: int | None, *, plugin_on: bool, stock_la=None,
-               variants: bool = False) -> result.Sizing | result.NoPools:
+               variants: bool = False, stock_passed: bool = True) -> result.Sizing | result.NoPools:
     """Rank 0's host pools as the launch runs them, and as stock sglang would build them, with the RAM they need."""
     from sglang.srt.mem_cache.pool_host.base import HICACHE_HOST_MEMORY_RESERVE_BYTES
 
@@ -290,7 +290,8 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
                                                                                        host_ram=available, backup=mode)
                 backups[mode] = result.Backup(result.Pool.of(other, ranks), other.bytes, other.bytes * ranks,
                                               other.target.logical_slots if other.target else None, other.startup_error)
-        chart = _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) if variants else None
+        chart = (_variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups, stock_passed)
+                 if variants else None)
     ram = hostram.judge(built, ranks_per_node=ranks, available=available, available_from=available_from,
                         reserve=HICACHE_HOST_MEMORY_RESERVE_BYTES, hicache_size_gb=la.hicache_size, device_rows=rows)
     stock_cov = None
@@ -314,7 +315,8 @@ def size_pools(release, la, models, node: Node, device_rows: int | None, *, plug
     )
 
 
-def _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups) -> dict | None:
+def _variants(release, la, models, rows, available, ranks, plugin_on, built, stock, backups,
+              stock_passed: bool = True) -> dict | None:
     """Pinned bytes per node of the chart's four setups (report.SETUPS), each from the release's classes where it has them."""
     from ..core.budget import UNBUDGETED_ENV
 
@@ -327,7 +329,9 @@ def _variants(release, la, models, rows, available, ranks, plugin_on, built, sto
 
     with swap.environ(**{UNBUDGETED_ENV: "1"}):
         unbudgeted = release.build(la, models, rows, hooked=plugin_on, host_ram=available)
-    out = {"stock": entry(stock), "0.5.18+": entry(unbudgeted), "budgeted": entry(built)}
+    # Stock sglang pins nothing where it rejects the launch: no stock point there.
+    stock_entry = entry(stock) if stock_passed else result.Setup(None, "stock sglang rejects the launch", None)
+    out = {"stock": stock_entry, "0.5.18+": entry(unbudgeted), "budgeted": entry(built)}
     if "sharded" in backups:
         out["sharded"] = result.Setup(backups["sharded"].per_node, classes, backups["sharded"].startup_error)
     elif unbudgeted.target is not None and unbudgeted.draft is not None:
@@ -386,7 +390,8 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         check_resolved(la, node)
         models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
         sizing = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
-                            stock_la=stock.launch if stock.passed else la, variants=variants)
+                            stock_la=stock.launch if stock.passed else la, variants=variants,
+                            stock_passed=stock.passed)
     elif device_rows is not None:
         check_device_rows(configs, node, device_rows)
     plugin = result.Plugin(state.enabled, state.reason, release.decisions())
@@ -419,9 +424,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
 def _resolve_unchecked(release, argv: list[str], node: Node, paths: dict) -> Resolution | None:
     """The resolution with the plugin's hooks but without its argument-time pass check: the launch the check
     refuses, as it would run if admitted (for its host-memory figures only). None where sglang refuses it too."""
-    from ..plugin.hooks import speculative_hook
-
-    with swap.attribute(speculative_hook, "check_passes_under_dcp", lambda server_args: None):
+    with hooks_mod.without_pass_check():
         unchecked = resolve(release, argv, node, paths, hooked=True)
     return unchecked if unchecked.passed else None
 

@@ -8,6 +8,7 @@ built from the release's own pools (:mod:`releases`) and the host-RAM model
 from __future__ import annotations
 
 import json
+import re
 
 from .hostram import gib
 from .result import NoPools
@@ -70,8 +71,22 @@ def _render_passes(judged) -> list[str]:
     for found in judged.findings:
         hicache = ", after a HiCache load-back" if found.after_hicache else ""
         seen = f"dcp {found.dcp}, rank {found.rank}{hicache}"
-        out.append(f"    {found.name:<19} {found.backend:<15} {found.verdict:<12} ({seen}) {found.detail}")
+        verdict, detail = _reading(found)
+        out.append(f"    {found.name:<19} {found.backend:<15} {verdict:<12} ({seen}) {detail}")
     return out
+
+
+PARTIAL = re.compile(r"every row read holds a token it attends to, but it reads (\d+) of the (\d+) tokens (.*)")
+
+
+def _reading(found) -> tuple[str, str]:
+    """A pass's reading in words a reader can resolve: a consistent pass that plans fewer of its tokens than it
+    attends to reads as a subset, not as plainly consistent."""
+    m = PARTIAL.fullmatch(found.detail or "")
+    if found.verdict == "consistent" and m:
+        return "subset", (f"reads only rows holding its own tokens, but plans {m.group(1)} of the {m.group(2)} it "
+                          f"attends to {m.group(3)}")
+    return found.verdict, found.detail
 
 
 def _name_width(sizing) -> int:
@@ -189,10 +204,26 @@ def chart_data(result) -> dict:
         for name in SETUPS:
             v = row.variants.get(name)
             series[name].append(None if v is None or v.per_node is None else round(v.per_node / 2**30, 2))
+    ram = next((r.report.sizing.host_ram for r in result.rows if getattr(r.report.sizing, "host_ram", None)), None)
     return {"release": result.release, "flag": result.flag, "values": [r.value for r in result.rows],
             "pinned_gib_per_node": series,
             "from": {name: next((r.variants[name].source for r in result.rows if r.variants.get(name)), None)
-                     for name in SETUPS}}
+                     for name in SETUPS},
+            "labels": {name: label_of(name, result) for name in SETUPS},
+            # The values whose launch does not pass as run (their points are drawn as failures), and the node's RAM.
+            "failing": [r.value for r in result.rows if r.report.verdict.code not in (0, 6)],
+            "node_ram_gib": None if ram is None else round((ram.available - ram.reserve) / 2**30, 2)}
+
+
+def label_of(name: str, result) -> str:
+    """A chart line's label: what the setup is, on this release."""
+    if name == "stock":
+        rejected = [r.value for r in result.rows if hasattr(r.report, "stock") and not r.report.stock.passed]
+        where = f" (rejects {result.flag} {', '.join(rejected)})" if rejected else ""
+        return f"stock sglang {result.release}{where}"
+    return {"0.5.18+": "with the fix, --hicache-size for the target alone (0.5.18 on)",
+            "budgeted": "with the fix, the draft in --hicache-size (as run)",
+            "sharded": "with the sharded draft backup (upstream-next)"}[name]
 
 
 # The formats --plot writes, by the file name's suffix (matplotlib's own writers).
@@ -231,14 +262,14 @@ def plot(result, path: str) -> str:
     except ImportError:
         raise DcpDsparkError(f"--plot {path} needs matplotlib, which is not installed; expected the plot extra; fix: pip install 'sglang-dcp-dspark[plot]' (or drop --plot for the table alone)") from None
     data = chart_data(result)
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     x = [float(v) for v in data["values"]]
     styles = {"stock": ("o", "-"), "0.5.18+": ("s", "--"), "budgeted": ("^", "-."), "sharded": ("D", ":")}
     drawn: list[tuple[str, list]] = []
     for name, ys in data["pinned_gib_per_node"].items():
         if all(y is None for y in ys):
             continue
-        label = name + ("" if (data["from"].get(name) or "").startswith("sglang") else " (model)")
+        label = data["labels"][name] + ("" if (data["from"].get(name) or "").startswith("sglang") else " (model)")
         same = next((other for other, seen in drawn if seen == ys), None)
         if same is not None:
             label += f" (= {same})"
@@ -247,13 +278,22 @@ def plot(result, path: str) -> str:
         ax.plot(x, [float("nan") if y is None else y for y in ys], marker=marker, linestyle=line, label=label,
                 linewidth=width, markersize=size, zorder=3 + len(drawn))
         drawn.append((name, ys))
+    # The launches that do not pass as run: their point on the as-run line is a red cross.
+    as_run = data["pinned_gib_per_node"]["budgeted"]
+    failing = [(xv, y) for xv, v, y in zip(x, data["values"], as_run, strict=True) if v in data["failing"] and y is not None]
+    if failing:
+        ax.scatter([f[0] for f in failing], [f[1] for f in failing], marker="x", s=120, color="red", zorder=20,
+                   label="does not pass as run (see the verdicts)")
+    if data["node_ram_gib"] is not None:
+        ax.axhline(data["node_ram_gib"], color="grey", linestyle="--", linewidth=1.2,
+                   label=f"the node's RAM less sglang's reserve ({data['node_ram_gib']:,.0f} GiB)")
     ax.set_ylim(bottom=0)
     ax.set_xlabel(result.flag)
     ax.set_ylabel("pinned host GiB per node")
     ax.set_xticks(x)
     ax.set_title(f"HiCache host pools per node, sglang {data['release']}")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     # The figures ride in the PNG's text chunk (the docs' freshness test reads them); other formats carry none.
     metadata = {"Software": None, PNG_DATA_KEY: json.dumps(data, sort_keys=True)} if fmt == "png" else None

@@ -186,6 +186,16 @@ def in_effect(module: str) -> Iterator[dict]:
         yield findings
 
 
+@contextlib.contextmanager
+def without_pass_check() -> Iterator[None]:
+    """The plugin's argument-time pass check off for the block (preflight sizes a launch it refuses, as if
+    admitted); its other hooks as they are."""
+    from ...core import swap
+
+    with swap.attribute(speculative_hook, "check_passes_under_dcp", lambda server_args: None):
+        yield
+
+
 def verify_fix(plugin_on: bool) -> str | None:
     """Who plans this release's flashinfer MLA verify split under DCP: "upstream-next" where its code
     carries 0012, "plugin" where the plugin is on and its hooks apply, else None (the release's own verify)."""

@@ -85,7 +85,7 @@ _DROP = "upstream defaults Hopper's MLA backend to flashinfer under DCP, or fa3 
 HOOKS = (
     Hook(
         module=MODULE, target=DEFAULT_BACKEND, judge=default_verdict, hook=pick_flashinfer_under_dcp,
-        does="under DCP on Hopper, picks flashinfer for an MLA model that names no --attention-backend (not fa3)",
+        does="picks flashinfer, not fa3, for an MLA model under DCP on Hopper that names no --attention-backend",
         why=_WHY, upstream=_UPSTREAM, drop_when=_DROP, series_patch="upstream-next/0015",
     ),
 )

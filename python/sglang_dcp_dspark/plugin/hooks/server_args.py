@@ -135,7 +135,7 @@ HOOKS = (
     ),
     Hook(
         module=MODULE, target=DEFAULT_BACKEND, judge=default_verdict, hook=pick_flashinfer_under_dcp,
-        does="under DCP on Hopper, picks flashinfer for an MLA model that names no --attention-backend (not fa3)",
+        does="picks flashinfer, not fa3, for an MLA model under DCP on Hopper that names no --attention-backend",
         why="sglang picks fa3 for an MLA model on Hopper when no --attention-backend is named, and fa3 has no DCP code, "
             "so a DCP launch that names none is refused (or crashes at its first decode) though flashinfer runs it",
         upstream="open: sgl-project/sglang#35384 (the same default); not yet sent (patches/upstream-next 0015)",
