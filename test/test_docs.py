@@ -32,6 +32,7 @@ FRESHNESS = {
     "verify-numbers-plugin": "test/numerics/test_verify_dcp.py",
     "verify-numbers-series": "test/numerics/test_verify_dcp.py",
     "verify-pr-numbers": "test/numerics/test_verify_dcp.py",
+    "recipes": "test/releases/test_docs.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
 SLOW = ("host-memory", "auto-size")

@@ -446,6 +446,8 @@ def _outcome(passed: bool, judged, sizing):
     return PASSES, None
 
 
+# Backends the release runs that the pass map does not model (their passes are unchecked there).
+UNMODELLED_BACKENDS = ("cutedsl_mla",)
 # The attention-backend options a launch names; an advised backend replaces them all.
 BACKEND_OPTIONS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend")
 
@@ -485,15 +487,18 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
             release.version, algorithm, dcp=dcp, own_layer=draft in (None, launch.model_path),
             capability_major=node.capability[0], hicache=bool(launch.enable_hierarchical_cache),
             verify_fix=_verify_fix(plugin_on) if algorithm else None)
-        for other in good:
-            if other == backend:
+        # Then a backend the map does not model but the release runs on this architecture (PR #35221 was validated
+        # on Blackwell's cutedsl_mla): its passes unchecked (exit 6), still a better change than losing DCP.
+        unmodelled = [b for b in UNMODELLED_BACKENDS if node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS.get(b, ())]
+        for other in (*good, *unmodelled):
+            if other == backend or code == UNCHECKED and other in unmodelled:
                 continue
             rest, removed = _without(argv, BACKEND_OPTIONS)
             tries.append(([*rest, "--attention-backend", other], ("--attention-backend", other), tuple(removed), (),
                           plugin_on))
     if not plugin_on and switch.entry_point_installed() and code != UNCHECKED:
         tries.append((list(argv), (), (), (switch.TURN_ON,), True))
-    if dcp > 1 and code in (REJECTED, BROKEN_PASS):
+    if dcp > 1 and code in (REJECTED, BROKEN_PASS, STOPS) and not (code == STOPS and getattr(sizing, "startup_stops", ())):
         rest, removed = _without(argv, ("--dcp-size",))
         tries.append(([*rest, "--dcp-size", "1"], ("--dcp-size", "1"), tuple(removed), (), plugin_on))
     ram = getattr(sizing, "host_ram", None)
@@ -505,6 +510,8 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
                           tuple(removed), (), plugin_on))
     fallback = None
     for advised, add, remove, env, on in tries:
+        if fallback is not None and add[:1] != ("--attention-backend",):
+            return fallback  # a backend that runs it, unchecked, before the plugin or --dcp-size 1
         try:
             report = judge(release, advised, node, device_rows, configs, advise=False, plugin_on=on)
         except DcpDsparkError:
