@@ -272,7 +272,7 @@ def plot(result, path: str) -> str:
         label = data["labels"][name] + ("" if (data["from"].get(name) or "").startswith("sglang") else " (model)")
         same = next((other for other, seen in drawn if seen == ys), None)
         if same is not None:
-            label += f" (= {same})"
+            label += " (on the line it equals)"
         marker, line = styles.get(name, ("o", "-"))
         width, size = (1.2, 5) if same is not None else (2.4, 8)
         ax.plot(x, [float("nan") if y is None else y for y in ys], marker=marker, linestyle=line, label=label,
