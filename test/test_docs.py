@@ -13,6 +13,7 @@ import re
 import pytest
 
 import docblocks
+from report_text import below_verdict, verdict_line
 import tree_table
 
 # block name -> the test file that checks it is fresh
@@ -98,5 +99,8 @@ def test_the_readmes_preflight_command_runs_and_reads_as_it_says():
     codes = {int(m) for m in re.findall(r"^\| (\d) \|", table, re.M)}
     assert codes == {0, 1, 2, 3, 4, 5, 6}
     out = docblocks.run(command)  # asserts the exit code is a verdict (0, 1, 3, 5, 6)
-    last = out.strip().splitlines()[-1]
-    assert re.match(r"verdict: [A-Z ,]+ \(exit [01356]\): ", last), last
+    line = verdict_line(out)
+    assert re.match(r"verdict: [A-Z ,]+ \(exit [01356]\): ", line) and len(line) <= 160, line
+    block = below_verdict(out)
+    assert block and block[0].startswith("  why "), block  # "a short block beneath it", read from why on
+    assert max(len(row) for row in block) <= 100, block

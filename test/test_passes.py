@@ -164,3 +164,23 @@ def test_the_verify_fix_counts_only_its_own_readings_and_names_its_evidence(pass
     assert refuse("EAGLE3", own_layer=False, verify_fix="upstream-next") == stock
     assert not passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer",
                             verify_fix="upstream-next").evidence
+
+
+def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():
+    """sglang builds a draft's attention from the draft's own config: an EAGLE launch with an MLA checkpoint runs
+    on the MLA draft backends, as the target's own NextN layer does. The shipped 0.5.23 map: judged by the NEXTN
+    cases (its draft passes read other rows on flashinfer MLA), not by the dense EAGLE draft's (consistent), and
+    refused in the series' (0013) words; on fa3 the refusal does not send it to flashinfer."""
+    common = dict(dcp=8, target_backend="flashinfer", verify_fix="plugin")
+    dense = passes.judge("0.5.23", "EAGLE", own_layer=False, **common)
+    mla = passes.judge("0.5.23", "EAGLE", own_layer=False, draft_mla=True, **common)
+    own = passes.judge("0.5.23", "NEXTN", own_layer=True, **common)
+    assert dense.mapped and not dense.broken
+    assert mla.broken and [(f.name, f.verdict) for f in mla.findings] == [(f.name, f.verdict) for f in own.findings]
+    refuse = functools.partial(passes.refusal, "0.5.23", "EAGLE", dcp=8, own_layer=False, mla=True,
+                               draft_backend=None, flashinfer_fix="plugin")
+    assert refuse(target_backend="flashinfer", verify_fix="plugin") is None
+    assert (refuse(target_backend="flashinfer", verify_fix="plugin", draft_mla=True)
+            == passes.NEXTN_MLA_DRAFT.format(dcp=8, algorithm="EAGLE"))
+    assert refuse(target_backend="fa3") == passes.FA3_ON_FLASHINFER.format(dcp=8, algorithm="EAGLE")
+    assert refuse(target_backend="fa3", draft_mla=True) == passes.FA3_ON.format(dcp=8, algorithm="EAGLE")

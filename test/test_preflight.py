@@ -500,6 +500,20 @@ def regenerate(text: str) -> str:
     return SAMPLE.sub(lambda m: m.group(1) + sample_output(m.group("command")) + m.group(4), text)
 
 
+def test_a_judgement_leaves_the_environment_as_it_found_it(capsys):
+    """sglang's resolution writes SGLANG_USE_CUDA_IPC_TRANSPORT for the servers it would start; preflight resolves
+    several launches per judgement, and a leak would reach the next one as the operator's own setting (sglang then
+    warns that it is deprecated, in the report, of a variable the operator never set)."""
+    from sglang_dcp_dspark.preflight import launch as launch_mod
+
+    launch_mod.import_sglang()  # sglang's import sets its own variables (DG_JIT_CACHE_DIR, ...) once, for the process
+    before = dict(os.environ)
+    for _ in range(2):
+        assert main(["preflight", *launch(draft=False)]) == 0
+        assert dict(os.environ) == before
+        assert "SGLANG_USE_CUDA_IPC_TRANSPORT" not in capsys.readouterr().out
+
+
 def test_doc_samples_are_fresh():
     samples = 0
     for doc in DOCS:
@@ -552,9 +566,16 @@ def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
         assert row.report.sizing.dcp_size == int(row.value)
         setups = row.variants
         assert list(setups) == ["stock", "0.5.18+", "budgeted", "sharded"]
-        # Stock 0.5.17's short draft and the sharded stripe both hold about one draft row per target row
-        # (the stock draft rounds up past its last page, of 64 rows on cutedsl_mla).
-        assert setups["stock"].per_node == pytest.approx(setups["sharded"].per_node, rel=1e-5)
+        if row.value == "1":
+            # Without DCP, stock 0.5.17's draft and the sharded stripe both hold one draft row per target row.
+            assert setups["stock"].per_node == pytest.approx(setups["sharded"].per_node, rel=1e-5)
+        else:
+            # Stock sglang rejects DCP + HiCache + a draft: it pins nothing, and the chart draws no stock point.
+            assert setups["stock"].per_node is None and setups["stock"].source == "stock sglang rejects the launch"
+            # Its short draft is still in the report's table: about one draft row per target row, as the
+            # sharded stripe (the stock draft rounds up past its last page, of 64 rows on cutedsl_mla).
+            stock_pools = row.report.sizing.stock_pools
+            assert sum(p.per_node_bytes for p in stock_pools) == pytest.approx(setups["sharded"].per_node, rel=1e-5)
         assert setups["sharded"].per_node <= setups["0.5.18+"].per_node
         assert setups["budgeted"].per_node == setups["0.5.18+"].per_node  # no --hicache-size: nothing to share
         assert setups["sharded"].source.startswith("model")  # 0.5.17 has no sharded backup to build it with

@@ -47,8 +47,7 @@ def cell(node: str) -> str:
     advice = verdict["advice"]
     if verdict["code"] == 0 or advice is None:
         return f"as is: {verdict['outcome']} (exit {verdict['code']})"
-    change = " ".join(advice["add"]) if advice["add"] else "the plugin on"
-    return (f"`{change}`: {'PASSES' if advice['verdict'] == 0 else 'PASSES, UNCHECKED'} (exit {advice['verdict']}); "
+    return (f"`{advice['change']}`: {'PASSES' if advice['verdict'] == 0 else 'PASSES, UNCHECKED'} (exit {advice['verdict']}); "
             f"as is: {verdict['outcome']} (exit {verdict['code']})")
 
 

@@ -31,11 +31,12 @@ def since(version: str) -> bool:
 
 
 # The node decides the attention backend, and so the verdict under DCP. On an H200 sglang picks fa3 for an MLA
-# model, which the plugin (and upstream-next 0011 / 0008) refuses under DCP, speculative or not: exit 1 on every
-# release. On a B200 it picks trtllm_mla for DeepSeek-V3, whose factory refuses speculative decoding under DCP at
-# startup (the map's probe): a broken pass, exit 5. cutedsl_mla, named, is PR #35221's
-# validated backend: its passes the map cannot check on CPU, so the launch starts and its verdict says they are
-# unchecked (exit 6).
+# model, which has no DCP code: under DCP with no --attention-backend the plugin (and upstream-next 0015) picks
+# flashinfer MLA instead, which runs plain DCP on every release and DSPARK's verify from 0.5.22 (the plugin's and
+# upstream-next's verify fix; before, the plugin refuses DSPARK on flashinfer under DCP: exit 1). On a B200 sglang
+# picks trtllm_mla for DeepSeek-V3, whose factory refuses speculative decoding under DCP as the server starts:
+# exit 3. cutedsl_mla, named, is PR #35221's validated backend: its passes the map cannot check on CPU, so the
+# launch starts and its verdict says they are unchecked (exit 6).
 HOPPER = ["--gpu-name", "NVIDIA H200"]
 BLACKWELL = ["--gpu-name", "NVIDIA B200"]
 FLASHINFER = ["--attention-backend", "flashinfer"]
@@ -45,11 +46,11 @@ CUTEDSL = ["--attention-backend", "cutedsl_mla"]
 MATRIX = {
     "embedded default": ([], None, 6),
     "no draft": (HOPPER + ROWS, DCP8 + FLASHINFER, 0),
-    "no draft on the backend the H200 picks": (HOPPER + ROWS, DCP8, 1),
-    "DSPARK on the backend the H200 picks": (HOPPER + ROWS, DCP8 + DSPARK, 1),
-    # trtllm_mla's factory refuses it at startup; the plugin and the series leave that to it: a broken pass (0.5.17's
-    # HiCache gate refuses every speculative launch under DCP first, stock; the plugin lifts it)
-    "DSPARK on the backend the B200 picks": (BLACKWELL + ROWS, DCP8 + DSPARK, 5),
+    "no draft on the backend the H200 picks": (HOPPER + ROWS, DCP8, 0),
+    "DSPARK on the backend the H200 picks": (HOPPER + ROWS, DCP8 + DSPARK, 0 if since("0.5.22") else 1),
+    # trtllm_mla's factory refuses it at startup; the plugin and the series leave that to it: it stops as it
+    # starts (0.5.17's HiCache gate refuses every speculative launch under DCP first, stock; the plugin lifts it)
+    "DSPARK on the backend the B200 picks": (BLACKWELL + ROWS, DCP8 + DSPARK, 3),
     "DSPARK": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL, 6),
     "--hicache-size": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--hicache-size", "100"], 6),
     "--page-size 64": (BLACKWELL + ROWS, DCP8 + DSPARK + CUTEDSL + ["--page-size", "64"], 6),
@@ -153,7 +154,8 @@ def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
     code, report, err = preflight(*DSA_LAUNCH)
     assert "Traceback" not in err
     if since("0.5.22"):
-        assert code == 1 and "DSA DCP does not support HiSparse or HiCache." in report["verdict"]["line"]
+        assert code == 1 and "rejects it: DSA DCP does not support HiSparse or HiCache" in report["verdict"]["line"]
+        assert "DSA DCP does not support HiSparse or HiCache." in report["verdict"]["detail"]
         return
     assert code == 3, report["verdict"]["line"]
     pools = {p["name"]: p for p in report["sizing"]["pools"]}
@@ -168,7 +170,8 @@ def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
     else:
         # Each pool is checked against the whole node's free RAM there; the node does not hold them all.
         assert ram["needed_per_node"] > 2_038 * 2**30 and not ram["fits"]
-        assert "host pools need 2,06" in report["verdict"]["line"] and "more than the 2,038.00 GiB left" in report["verdict"]["line"]
+        assert "host pools need 2,06" in report["verdict"]["line"] and "2,038 GiB left" in report["verdict"]["line"]
+        assert "more than the 2,038.00 GiB left" in report["verdict"]["detail"]
 
 
 @pytest.mark.skipif(not since("0.5.21") or since("0.5.22"), reason="0.5.21 is the one release that auto-sizes a DSA launch under DCP")

@@ -4,10 +4,13 @@ Each launch is judged by the tree's own sglang on an emulated node named by its
 GPU part (``--gpu-name``), which sets the capability every platform probe
 answers from. What is checked:
 
-- a plain DCP launch of DeepSeek-V3 on an H200 (no ``--attention-backend``) is
-  judged on the backend sglang picks there, fa3, which has no DCP code: never
-  PASSES, and the line names fa3 and the flag that works (flashinfer);
-- the same launch on flashinfer PASSES, and its line says what was checked;
+- a plain DCP launch of DeepSeek-V3 on an H200 (no ``--attention-backend``):
+  sglang picks fa3 there, which has no DCP code; the plugin (and
+  upstream-next 0015) picks flashinfer MLA instead, and the launch PASSES,
+  saying who picked it. With the plugin off, on stock sglang, it is a broken
+  pass on fa3, and the line names the flag that works (flashinfer); fa3
+  named explicitly is refused in one line naming flashinfer;
+- the same launch on flashinfer PASSES, and its block says what was checked;
 - DSPARK + HiCache at dcp 8 with ``--attention-backend flashinfer``: where 0.5.23's
   verify is planned split under DCP (the series' 0012, the plugin's hooks) it
   PASSES and names that fix and its evidence; everywhere else the verify reads
@@ -39,30 +42,49 @@ def _line(report: dict) -> str:
     return report["verdict"]["line"]
 
 
-def test_plain_dcp_on_hopper_is_judged_on_the_backend_sglang_picks():
+def _block(report: dict) -> str:
+    """The verdict's block, as one string: why, checked, unchecked, evidence, to do."""
+    v = report["verdict"]
+    return " ".join([*v["why"], v["checked"] or "", v["unchecked"] or "", v["evidence"] or "", *v["todo"]])
+
+
+def test_plain_dcp_on_hopper_runs_on_the_backend_the_plugin_picks():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *PLAIN)
-    if TREE not in SERIES_TREES:  # the series refuses it inside sglang's resolution: nothing resolved to read back
-        assert report["attention_backends"]["decode"] == "fa3", report["attention_backends"]
-    assert code != 0 and "fa3" in _line(report) and "--attention-backend flashinfer" in _line(report), _line(report)
+    assert report["attention_backends"]["decode"] == "flashinfer", report["attention_backends"]
+    assert code == 0 and "passes checked on flashinfer" in _line(report), _line(report)
+    if TREE in SERIES_TREES:  # sglang's own default there (0015): nothing of the plugin's
+        assert "sglang's choice on the NVIDIA H200" in report["attention_backends"]["from"]
+    else:
+        assert "picked by the plugin" in _line(report), _line(report)
+        assert "decode flashinfer (picked by the plugin under DCP)" in report["attention_backends"]["from"]
+
+
+def test_fa3_named_under_dcp_is_refused_in_one_line_naming_flashinfer():
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *PLAIN,
+                                "--attention-backend", "fa3")
+    assert code == 1 and "fa3" in _line(report) and "use --attention-backend flashinfer (exit 0)" in _line(report)
     if TREE in SERIES_TREES:  # the series' own check refuses it
-        assert code == 1 and "has no DCP code" in _line(report), _line(report)
+        assert "has no DCP code" in report["verdict"]["detail"], report["verdict"]["detail"]
     else:  # the plugin refuses it in the series' words
-        assert code == 1 and passes.FA3_PLAIN.format(dcp=8) in _line(report), _line(report)
+        assert "the plugin refuses a plain launch on fa3 under DCP" in _line(report), _line(report)
+        assert passes.FA3_PLAIN.format(dcp=8) in report["verdict"]["detail"]
 
 
 def test_plain_dcp_on_hopper_without_the_plugin_is_a_broken_pass():
-    if TREE in SERIES_TREES:
-        pytest.skip("the series refuses it in sglang's own code, plugin or not")
+    """The off switch turns the pick off too: sglang's fa3, and its passes under DCP."""
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--", *PLAIN, env=OFF)
-    assert code == 5, _line(report)
-    assert "DECODE_EAGER on fa3 (crashes)" in _line(report)
-    assert "use --attention-backend flashinfer" in _line(report)
+    if TREE in SERIES_TREES:  # 0015 is sglang's own default there, plugin or not
+        assert code == 0 and report["attention_backends"]["decode"] == "flashinfer", _line(report)
+        return
+    assert code == 5 and report["attention_backends"]["decode"] == "fa3", _line(report)
+    assert "on fa3" in _line(report) and "use --attention-backend flashinfer (exit 0)" in _line(report)
+    assert "DECODE_EAGER on fa3 (dcp 8, rank 0): crashes" in _block(report)
 
 
 def test_plain_dcp_on_flashinfer_passes_and_says_what_was_checked():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--", *PLAIN, "--attention-backend", "flashinfer")
-    assert code == 0, _line(report)
-    assert "the pass map checked EXTEND, DECODE_EAGER, DECODE_GRAPH on flashinfer" in _line(report)
+    assert code == 0 and "passes checked on flashinfer" in _line(report), _line(report)
+    assert "the pass map checked EXTEND, DECODE_EAGER, DECODE_GRAPH on flashinfer" in report["verdict"]["checked"]
 
 
 def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
@@ -74,18 +96,26 @@ def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer", env=OFF)
     if TREE in SERIES_TREES:
-        assert code == 0 and "fixed by upstream-next 0012" in _line(report) and evidence in _line(report), _line(report)
+        assert code == 0 and "verify: upstream-next 0012, proven on CPU" in _line(report), _line(report)
+        assert "fixed by upstream-next 0012" in report["verdict"]["evidence"] and evidence in report["verdict"]["evidence"]
     elif report["stock"]["passed"]:
-        assert code == 5 and "TARGET_VERIFY_EAGER on flashinfer" in _line(report), _line(report)
+        assert code == 5 and "TARGET_VERIFY_GRAPH on flashinfer reads other tokens' KV" in _line(report), _line(report)
+        assert "TARGET_VERIFY_EAGER on flashinfer" in _block(report)
+        if TREE in FIXED_TREES:  # the plugin's verify fix applies here: the advice is to turn it on
+            assert "use the dcp_dspark plugin (exit 0)" in _line(report), _line(report)
+            assert report["verdict"]["advice"]["env"] and not report["verdict"]["advice"]["add"]
     else:
-        assert code == 1 and "TARGET_VERIFY_EAGER on flashinfer" in _line(report), _line(report)
+        assert code == 1 and "TARGET_VERIFY_EAGER on flashinfer" in _block(report), _line(report)
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer")
     if TREE in FIXED_TREES:
-        fix = "upstream-next 0012" if TREE in SERIES_TREES else "the plugin's flashinfer MLA hooks"
-        assert code == 0 and f"fixed by {fix}" in _line(report) and evidence in _line(report), _line(report)
+        fix, short = (("upstream-next 0012", "upstream-next 0012") if TREE in SERIES_TREES
+                      else ("the plugin's flashinfer MLA hooks", "plugin fix"))
+        assert code == 0 and f"verify: {short}, proven on CPU" in _line(report), _line(report)
+        assert f"fixed by {fix}" in report["verdict"]["evidence"] and evidence in report["verdict"]["evidence"]
     else:
-        assert code == 1 and "verify plans KV ids past this rank's pool" in _line(report), _line(report)
+        assert code == 1 and "the plugin refuses DSPARK on flashinfer under DCP" in _line(report), _line(report)
+        assert "verify plans KV ids past this rank's pool" in report["verdict"]["detail"]
 
 
 def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict():
@@ -94,33 +124,40 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
     assert "only supported on Blackwell" not in _line(report), _line(report)
     assert report["node"]["capability"] == [10, 0]
     assert code == 6, _line(report)  # it starts; the map cannot run cutedsl_mla's in-kernel DCP reads
-    assert "unchecked" in _line(report) and "cutedsl_mla" in _line(report)
+    assert "DSPARK under DCP not checked on cutedsl_mla" in _line(report), _line(report)
+    assert "--attention-backend cutedsl_mla" not in _line(report)  # never advised the backend it runs on
     # and on a Hopper node sglang refuses it, for that reason
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "cutedsl_mla")
-    assert code == 1 and "Blackwell" in _line(report), _line(report)
+    assert code == 1 and "Blackwell" in report["verdict"]["detail"], report["verdict"]["detail"]
 
 
 def test_the_embedded_default_says_what_was_not_checked():
     code, report, _ = preflight()
     assert report["node"]["gpu_name"] == "NVIDIA B200"
     assert code == 6 and "PASSES, UNCHECKED" in _line(report), _line(report)
-    assert "unchecked" in _line(report) and "cutedsl_mla" in _line(report)
+    assert "not checked on cutedsl_mla" in _line(report) and "cutedsl_mla" in report["verdict"]["unchecked"]
+    if TREE in FIXED_TREES:  # a backend the map checked runs it on this node: named as the alternative
+        assert "or --attention-backend flashinfer (exit 0)" in _line(report), _line(report)
+    else:
+        assert report["verdict"]["advice"] is None, _line(report)
 
 
 def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
     """sglang picks trtllm_mla for DeepSeek-V3 on a B200, and its factory refuses speculative decoding under DCP when
-    the model runner builds it (the map's probe): never PASSES. The plugin and the series leave that refusal to
-    sglang; the line names cutedsl_mla, the backend PR #35221 was validated on, or flashinfer where its verify is
-    planned split (the plugin's hooks on 0.5.22 and 0.5.23, the series on 0.5.23)."""
+    the model runner builds it (the map's probe): it stops as the server starts (exit 3). The plugin and the series
+    leave that refusal to sglang; the line names cutedsl_mla, the backend PR #35221 was validated on, or flashinfer
+    where its verify is planned split (the plugin's hooks on 0.5.22 and 0.5.23, the series on 0.5.23)."""
     for env in (OFF, None):
         code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=env)
         if env is OFF and not report["stock"]["passed"]:  # 0.5.17's own HiCache gate, stock: refused first
-            assert code == 1 and "does not support speculative decoding" in _line(report), _line(report)
+            assert code == 1 and "does not support speculative decoding" in report["verdict"]["detail"], _line(report)
             continue
-        assert code == 5 and "BACKEND_INIT on trtllm_mla (stops at startup)" in _line(report), _line(report)
+        assert code == 3 and "trtllm_mla refuses DSPARK under DCP as it starts" in _line(report), _line(report)
+        assert "cannot serve decode context parallelism with speculative decoding" in _block(report)
         if TREE in FIXED_TREES and (env is None or TREE in SERIES_TREES):
             # with the verify planned split, flashinfer MLA runs it on this node too
-            assert "use --attention-backend flashinfer" in _line(report) and "not yet run on a GPU" in _line(report)
+            assert "use --attention-backend flashinfer (exit 0)" in _line(report), _line(report)
+            assert "not yet run on a GPU" in report["verdict"]["todo"][0]
         else:
-            assert "--attention-backend cutedsl_mla" in _line(report), _line(report)
+            assert "use --attention-backend cutedsl_mla (exit 6)" in _line(report), _line(report)

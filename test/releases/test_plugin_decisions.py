@@ -17,6 +17,7 @@ from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.core.compat import locate_tree, parse_version
 from sglang_dcp_dspark.plugin import hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
+from sglang_dcp_dspark.plugin.hooks import overrides as overrides_hooks
 from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
 from sglang_dcp_dspark.plugin.hooks import server_args as server_args_hooks
 from sglang_dcp_dspark.plugin.hooks._common import Verdict
@@ -61,14 +62,18 @@ def test_what_each_hook_needs_on_this_release(verdicts):
     needs = {target for target, v in verdicts.items() if v is Verdict.NEEDS_FIX}
     # Nothing is unrecognised on a release the plugin was tested on: every entry reached a verdict.
     assert not [t for t, v in verdicts.items() if v is Verdict.UNRECOGNISED], verdicts
+    # Under DCP on Hopper sglang picks fa3 for an MLA model: a ServerArgs method to 0.5.18, a function of
+    # arg_groups.overrides from 0.5.19; upstream-next 0015 picks flashinfer itself.
+    default_backend = (overrides_hooks.DEFAULT_BACKEND if since("0.5.19") else server_args_hooks.DEFAULT_BACKEND)
     if RELEASE == "0.5.17":
-        want = {server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS}
+        want = {server_args_hooks.RESOLVER, kv_cache_hooks.DRAFT_REGISTRATION, scheduler_hooks.INIT_MEMORY_POOLS,
+                default_backend}
         if passes.measured(RELEASE) and passes.broken_kinds(RELEASE):  # the map runs on 0.5.17 too
             want.add("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding")
     elif SERIES_TREE:
         want = set()  # upstream-next carries all of it: the plugin stands aside
     else:
-        want = set()
+        want = {default_backend}
         if since("0.5.19"):
             want.add(f"{ASSEMBLER}.build_full_draft_pools")
         if since("0.5.21"):

@@ -69,12 +69,16 @@ def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
     """
     code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN", *FLASHINFER)
     line = report["verdict"]["line"]
+    why = " ".join(report["verdict"]["why"])  # the block beneath the line names every broken pass
     assert code == (5 if TREE == "next-stock" and not hicache else 1), line
+    verify = r"TARGET_VERIFY\w* on flashinfer( \(dcp 8, rank 0\):)? the target reads other tokens' KV"
     if TREE == "next-stock":
-        assert re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
+        assert re.search(verify, why), why
     else:
-        assert not re.search(r"TARGET_VERIFY\w* on flashinfer \(the target reads other tokens' KV", line), line
-    assert "DRAFT_DECODE_GRAPH on flashinfer" in line and "\n" not in line
+        assert not re.search(verify, why), why
+    assert "DRAFT_DECODE_GRAPH on flashinfer" in why and "\n" not in line
+    if code == 5:  # the line names the first broken pass, and how many more the block has
+        assert "DRAFT_DECODE_GRAPH on flashinfer reads other tokens' KV (and " in line, line
 
 
 @pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
@@ -82,9 +86,27 @@ def test_a_separate_nextn_checkpoint_is_judged_like_the_targets_own_layer(algori
     """The map's cases are found by the draft sglang would run, not by its path: same passes, same verdict."""
     own = preflight(*DCP8[:-1], "--speculative-algorithm", "NEXTN")[1]["passes"]["passes"]
     code, report = preflight(*DCP8[:-1], "--speculative-algorithm", algorithm, "--speculative-draft-model-path", MLA_DRAFT)
-    # on the emulated H200 sglang picks fa3: stock admits it (a broken pass), the series and the plugin refuse it
+    # On the emulated H200 stock sglang picks fa3 and admits it (a broken pass); the series and the plugin pick
+    # flashinfer MLA, and refuse a NextN draft's passes there.
     assert code == (5 if TREE == "next-stock" else 1), report["verdict"]["line"]
     assert [(p["name"], p["verdict"]) for p in report["passes"]["passes"]] == [(p["name"], p["verdict"]) for p in own]
+
+
+@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
+def test_a_separate_mla_checkpoint_on_flashinfer_is_refused_as_the_own_layer_is(algorithm):
+    """sglang builds the draft's attention from the draft's config: an MLA checkpoint runs on the MLA draft
+    backends, as the target's own NextN layer does, and its draft passes read what that layer's read (the map's
+    NEXTN case, not the dense EAGLE draft's). The series (0013) and the plugin refuse it in the same line."""
+    own = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN")[1]["passes"]["passes"]
+    code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", algorithm,
+                             "--speculative-draft-model-path", MLA_DRAFT)
+    drafts = [(p["name"], p["verdict"]) for p in report["passes"]["passes"] if p["name"].startswith("DRAFT_")]
+    assert drafts == [(p["name"], p["verdict"]) for p in own if p["name"].startswith("DRAFT_")]
+    assert ("DRAFT_DECODE_GRAPH", "wrong-rows") in drafts, drafts
+    if TREE == "next-stock":
+        assert code == 5, report["verdict"]["line"]
+    else:
+        assert code == 1 and report["message"] == f"ValueError: {passes.NEXTN_MLA_DRAFT.format(dcp=8, algorithm='EAGLE')}"
 
 
 def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
@@ -113,7 +135,7 @@ def test_the_plugins_off_switch_turns_the_refusal_off():
     if TREE == "next-patched":  # the series refuses it in sglang's own code, whatever the plugin's switch says
         assert done.returncode == 1, report["verdict"]["line"]
     else:
-        assert done.returncode == 5 and report["passed"] and "TARGET_VERIFY" in report["verdict"]["line"]
+        assert done.returncode == 5 and report["passed"] and "TARGET_VERIFY" in " ".join(report["verdict"]["why"])
 
 
 @pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])
@@ -121,8 +143,8 @@ def test_dspark_with_the_default_draft_backend_reads_its_own_rows_in_the_drafts_
     """The dense DSparkDraftModel on the default draft backend: every draft pass consistent, with and without HiCache.
 
     Its verify is the target's. On stock flashinfer MLA the map shows it reading other rows: stock 0.5.23 admits it
-    (BROKEN PASS). The series (0012) and the plugin's hooks plan it split: it PASSES, and the line names
-    that fix and its evidence.
+    (BROKEN PASS). The series (0012) and the plugin's hooks plan it split: it PASSES, the line names that
+    fix and the block beneath it the fix's evidence.
     """
     code, report = preflight(*DCP8[:-1], *hicache, *DSPARK, *FLASHINFER)
     found = {p["name"]: p for p in report["passes"]["passes"]}
@@ -132,9 +154,12 @@ def test_dspark_with_the_default_draft_backend_reads_its_own_rows_in_the_drafts_
     if TREE == "next-stock":
         assert verify == {"wrong-rows"} and code == 5 and "TARGET_VERIFY" in line, line
     else:
-        fix = "upstream-next 0012" if TREE == "next-patched" else "the plugin's flashinfer MLA hooks"
+        fix, short = (("upstream-next 0012", "upstream-next 0012") if TREE == "next-patched"
+                      else ("the plugin's flashinfer MLA hooks", "plugin fix"))
         assert verify == {"consistent"} and code == 0, line
-        assert f"fixed by {fix}" in line and "not yet run on a GPU" in line, line
+        assert f"verify: {short}, proven on CPU" in line, line  # the line names the fix; its block, the evidence
+        evidence = report["verdict"]["evidence"]
+        assert f"fixed by {fix}" in evidence and "not yet run on a GPU" in evidence, evidence
 
 
 def test_dspark_with_a_triton_draft_backend_is_refused_and_its_rows_named():

@@ -59,6 +59,18 @@ def environ(**values: str) -> Iterator[None]:
                 os.environ[name] = old
 
 
+@contextlib.contextmanager
+def environ_restored() -> Iterator[None]:
+    """The whole environment put back as it was after the block, whatever the block wrote to it."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if dict(os.environ) != saved:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
 class Inert:
     """An object that accepts anything and does nothing: a collaborator that is not under test.
 

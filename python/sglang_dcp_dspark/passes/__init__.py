@@ -202,7 +202,8 @@ def release_key(version: str) -> str:
 
 
 def _algorithms(algorithm: str, own_layer: bool) -> tuple[str, ...]:
-    """The map's cases for a launch's algorithm: EAGLE with no draft path of its own is NEXTN."""
+    """The map's cases for a launch's algorithm: EAGLE whose draft is a NextN layer (no draft path of its own, or
+    an MLA checkpoint: sglang runs either on the MLA draft backends) is NEXTN."""
     algorithm = (algorithm or "").upper()
     if algorithm in NEXTN_ALIASES and own_layer:
         return ("NEXTN",)
@@ -262,11 +263,15 @@ def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict]
 
 def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, target_mla: bool = True,
           target_backend: str | None = None, draft_kind: str | None = None, draft_backend: str | None = None,
-          hicache: bool = False, draft_side_only: bool = False, verify_fix: str | None = None) -> Judgement:
+          hicache: bool = False, draft_side_only: bool = False, verify_fix: str | None = None,
+          draft_mla: bool = False) -> Judgement:
     """The passes of a launch under DCP, from the map.
 
     ``own_layer``: the draft is the target's own NextN layer (NEXTN, or EAGLE
-    with no draft path of its own). ``target_backend``: the target's decode
+    with no draft path of its own). ``draft_mla``: an external draft checkpoint
+    with MLA attention, which sglang runs as it runs the target's own NextN
+    layer (the MLA draft backends): judged by the NEXTN cases, not by the
+    dense EAGLE drafts'. ``target_backend``: the target's decode
     attention backend, None where the launch does not name one (every
     target backend the map ran is judged then, and the summary says so).
     ``draft_backend``: the ``--speculative-draft-attention-backend`` flag,
@@ -280,12 +285,13 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     name = (algorithm or "").upper()
     if not name or dcp <= 1:
         return Judgement(release, name, dcp, False, why_unmapped="no speculative decoding under DCP")
-    name = _algorithms(name, own_layer)[0]  # the map's name: sglang's EAGLE with the target's own layer is NEXTN
+    nextn = own_layer or (draft_mla and name in NEXTN_ALIASES)
+    name = _algorithms(name, nextn)[0]  # the map's name: sglang's EAGLE with a NextN (MLA) draft is NEXTN
     if release not in releases():
         return Judgement(release, name, dcp, False, why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
     target_kind = "mla" if target_mla else "mha"
     # The map's targets are MLA models (a DeepSeek-V3 shape) unless a case says otherwise.
-    cases = _cases(release, _algorithms(name, own_layer), target_kind, draft_kind)
+    cases = _cases(release, _algorithms(name, nextn), target_kind, draft_kind)
     family, borrowed = "", []
     if name in EAGLE_FAMILY and target_mla and not draft_side_only:
         # A target backend the map ran no case of this algorithm on is judged by the EAGLE family's cases there:
@@ -416,7 +422,7 @@ ARCHITECTURE_BACKENDS = {"fa3": range(8, 10), "trtllm_mla": range(10, 13), "cute
 
 def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, capability_major: int,
                      draft_backend: str | None = None, hicache: bool = False,
-                     verify_fix: str | None = None) -> tuple[str, ...]:
+                     verify_fix: str | None = None, draft_mla: bool = False) -> tuple[str, ...]:
     """The --attention-backend values the map shows running this launch kind correctly under DCP on a node of this
     architecture: every pass it ran consistent (and checked: a backend the map cannot run is not offered).
     ``verify_fix``: who would plan a flashinfer MLA verify split for this launch (see :func:`judge`)."""
@@ -430,7 +436,7 @@ def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer
         if algorithm:
             judged = judge(version, algorithm, dcp=dcp, own_layer=own_layer, target_backend=flag,
                            draft_backend=draft_backend, hicache=hicache,
-                           verify_fix=verify_fix if flag == "flashinfer" else None)
+                           verify_fix=verify_fix if flag == "flashinfer" else None, draft_mla=draft_mla)
         else:
             judged = judge_plain(version, dcp=dcp, target_backend=flag)
         if judged.mapped and not judged.broken:
@@ -461,6 +467,10 @@ DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: un
 NEXTN_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and the target's own NextN layer as draft is "
                "not supported on flashinfer MLA: under DCP the draft's decode and extend passes read untranslated rows, "
                "other tokens' KV. Use --dcp-size 1 for NEXTN, or an external draft (--speculative-draft-model-path).")
+NEXTN_MLA_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and an MLA draft checkpoint is not "
+                   "supported on flashinfer MLA: sglang runs it as it runs the target's own NextN layer, and under DCP "
+                   "that draft's decode and extend passes read untranslated rows, other tokens' KV. Use --dcp-size 1, "
+                   "or a dense external draft.")
 TOPK_TREE = ("--dcp-size {dcp} with --speculative-eagle-topk {topk} is not supported on flashinfer MLA: under DCP the "
              "verify's window is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
              "--speculative-eagle-topk 1.")
@@ -489,7 +499,7 @@ def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | No
 
 def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
             target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
-            topk: int = 1, flashinfer_fix: str | None = None) -> str | None:
+            topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False) -> str | None:
     """The one line the argument check refuses a launch with, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
@@ -503,7 +513,9 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         return None
     # The reads after a load-back count whether or not this launch has HiCache: a row a wrong write hits depends
     # on the loc layout, and the load-back is one more layout.
-    common = dict(dcp=dcp, own_layer=own_layer, target_mla=mla, draft_backend=draft_backend, hicache=True)
+    common = dict(dcp=dcp, own_layer=own_layer, target_mla=mla, draft_backend=draft_backend, hicache=True,
+                  draft_mla=draft_mla)
+    nextn_draft = own_layer or (draft_mla and name in NEXTN_ALIASES)
     draft_side = judge(version, name, draft_side_only=True, **common).broken if draft_backend is not None else ()
     if draft_side:
         if name == "DSPARK" and draft_backend == "triton":
@@ -515,6 +527,8 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows), then a tree.
         if own_layer:
             return NEXTN_DRAFT.format(dcp=dcp, algorithm=name)
+        if nextn_draft:
+            return NEXTN_MLA_DRAFT.format(dcp=dcp, algorithm=name)
         if topk > 1:
             return TOPK_TREE.format(dcp=dcp, topk=topk)
     judged = judge(version, name, target_backend=target_backend, verify_fix=verify_fix,
@@ -526,7 +540,7 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         # does (preflight still names it a broken pass).
         return None
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
-        runs = flashinfer_fix is not None and (name == "DSPARK" or not own_layer)
+        runs = flashinfer_fix is not None and (name == "DSPARK" or not nextn_draft)
         return (FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name)
     if name in EAGLE_FAMILY and mla:
         return EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend)

@@ -184,8 +184,12 @@ def _parse_launch(argv: list[str]) -> argparse.Namespace:
 
 
 def resolve(release, argv: list[str], node: Node, paths: dict[str, str], *, hooked: bool) -> Resolution:
-    """The release's own resolution on the emulated node, with or without the plugin's hooks on server_args."""
-    with launch_mod.quiet_sglang() as log, launch_mod.emulated_node(node):
+    """The release's own resolution on the emulated node, with or without the plugin's hooks on server_args.
+
+    sglang's resolution writes to the environment (0.5.23 sets SGLANG_USE_CUDA_IPC_TRANSPORT for the processes it
+    would start); a judgement resolves several launches, and the next would read that as the operator's setting
+    and warn of it, so each resolution leaves the environment as it found it."""
+    with swap.environ_restored(), launch_mod.quiet_sglang() as log, launch_mod.emulated_node(node):
         try:
             args = release.resolve(argv, hooked=hooked)
         except SystemExit:
@@ -438,7 +442,7 @@ def _outcome(passed: bool, judged, sizing):
         return STOPS, stops[0]
     refusing = [f for f in judged.broken if verdict_mod.refuses_at_startup(f)]
     if refusing:
-        return STOPS, verdict_mod.backend_refusal(refusing[0])
+        return STOPS, refusing[0]
     if judged.broken:
         return BROKEN_PASS, None
     if judged.dcp > 1 and not judged.mapped:
@@ -483,10 +487,12 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
     tries: list[tuple[list[str], tuple, tuple, tuple, bool]] = []  # (argv, add, remove, env, plugin on)
     if dcp > 1 and code in (REJECTED, BROKEN_PASS, UNCHECKED, STOPS):
         draft = la.draft_model_path if la is not None else given.speculative_draft_model_path
+        own_layer = draft in (None, launch.model_path)
         good = passes_mod.working_backends(
-            release.version, algorithm, dcp=dcp, own_layer=draft in (None, launch.model_path),
+            release.version, algorithm, dcp=dcp, own_layer=own_layer,
             capability_major=node.capability[0], hicache=bool(launch.enable_hierarchical_cache),
-            verify_fix=_verify_fix(plugin_on) if algorithm else None)
+            verify_fix=_verify_fix(plugin_on) if algorithm else None,
+            draft_mla=not own_layer and models_mod.is_mla_config(configs["draft"]))
         # Then a backend the map does not model but the release runs on this architecture (PR #35221 was validated
         # on Blackwell's cutedsl_mla): its passes unchecked (exit 6), still a better change than losing DCP.
         unmodelled = [b for b in UNMODELLED_BACKENDS if node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS.get(b, ())]
@@ -516,7 +522,7 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
             report = judge(release, advised, node, device_rows, configs, advise=False, plugin_on=on)
         except DcpDsparkError:
             continue
-        got = verdict_mod.Advice(add, remove, env, report.verdict.code, report.verdict.line)
+        got = verdict_mod.Advice(add, remove, env, report.verdict.code, report.verdict.line, report.verdict.evidence)
         if got.code == PASSES:
             return got
         if got.code == UNCHECKED and fallback is None and code != UNCHECKED:
@@ -606,10 +612,11 @@ def judge_passes(release, given: argparse.Namespace, configs: dict, la=None, *,
                                                      "not mapped")
         return passes_mod.judge_plain(release.version, dcp=dcp, target_backend=backend)
     verify_fix = _verify_fix(plugin_on) if backend == "flashinfer" and mla and dcp > 1 else None
+    own_layer = draft in (None, target)
     return passes_mod.judge(
-        release.version, algorithm, dcp=dcp, own_layer=draft in (None, target), target_mla=mla,
+        release.version, algorithm, dcp=dcp, own_layer=own_layer, target_mla=mla,
         target_backend=backend, draft_backend=given.speculative_draft_attention_backend, hicache=hicache,
-        verify_fix=verify_fix,
+        verify_fix=verify_fix, draft_mla=not own_layer and models_mod.is_mla_config(configs["draft"]),
     )
 
 

@@ -249,7 +249,9 @@ def plot(result, path: str) -> str:
     The y axis starts at zero, so a rise reads at its true size. Setups often
     coincide (no --hicache-size: the budget changes nothing); a line equal to
     one drawn before it is drawn thinner on top, with a marker of its own, and
-    its legend entry names the line it equals, so that no line hides another.
+    its legend entry says it lies on another, so that no line hides another. Each line
+    is labelled by what it is; a launch that does not pass as run is a red cross on the as-run line, and the node's
+    RAM less sglang's reserve is a dashed line.
     """
     from ..core.errors import DcpDsparkError
 

@@ -37,6 +37,7 @@ OUTCOMES = {PASSES: "PASSES", REJECTED: "REJECTED", BAD_INPUT: "BAD INPUT", STOP
             BROKEN_PASS: "BROKEN PASS", UNCHECKED: "PASSES, UNCHECKED"}
 LINE_WIDTH = 160  # the verdict line, whole
 BLOCK_WIDTH = 100  # each line of the block beneath it
+PREFIX = "verdict: "  # the verdict line's first word: what an operator (and a script) looks for
 REASON_WIDTH = 90  # a reason quoted from sglang, in the line (the whole of it is in the block)
 
 # Worst last: a sweep exits with its worst row's code. An unchecked pass is better than any refusal or break.
@@ -59,17 +60,19 @@ class Advice:
     env: tuple[str, ...] = ()  # environment changes, e.g. "unset SGLANG_ENABLE_DCP_DSPARK_PLUGIN"
     code: int = PASSES  # the advised launch's own exit code: 0 or 6
     line: str = ""  # the advised launch's own verdict line
+    evidence: str = ""  # what proves the advised launch's fixed passes (its verdict's evidence), if any
 
     @property
     def change(self) -> str:
-        """The change in a few words: ``--attention-backend flashinfer``, ``--dcp-size 1``, ``the plugin on``."""
+        """The change in a few words: ``--attention-backend flashinfer``, ``--dcp-size 1``, ``the dcp_dspark plugin``
+        (switched on: ``env`` says how)."""
         if self.env:
-            return "the plugin on"
+            return "the dcp_dspark plugin"
         return " ".join(self.add)
 
     def as_dict(self) -> dict:
-        return {"add": list(self.add), "remove": list(self.remove), "env": list(self.env), "verdict": self.code,
-                "line": self.line}
+        return {"change": self.change, "add": list(self.add), "remove": list(self.remove), "env": list(self.env),
+                "verdict": self.code, "line": self.line, "evidence": self.evidence or None}
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class Verdict:
     def line(self) -> str:
         """At most :data:`LINE_WIDTH` characters: where the parts do not fit, the host figure loses its "fits"
         clause first, then the reason is clipped (its whole is in the block)."""
-        head = f"verdict: {self.outcome} (exit {self.code}): "
+        head = f"{PREFIX}{self.outcome} (exit {self.code}): "
         for host in (self.host, self.host.split(", ")[0]):
             tail = "".join(f"; {part}" for part in (self._advised(), host) if part)
             room = LINE_WIDTH - len(head) - len(tail)
@@ -173,7 +176,8 @@ def host_clause(facts: Facts) -> str:
     ram = getattr(sizing, "host_ram", None)
     if ram is None:
         return "no HiCache host pools" if sizing is not None else ""
-    fits = f"fits {gib_short(ram.available)}" if ram.fits else f"over the {gib_short(ram.available - ram.reserve)} left"
+    # Over the RAM: the figure left in the needed figure's unit, so that the two compare at a glance.
+    fits = f"fits {gib_short(ram.available)}" if ram.fits else f"over the {(ram.available - ram.reserve) / 2**30:,.0f} GiB left"
     what = "host" if facts.admitted else "if admitted"
     estimate = " (estimate)" if sizing.device_rows_estimated else ""
     return f"{ram.needed_per_node / 2**30:,.0f} GiB/node {what}{estimate}, {fits}"
@@ -182,6 +186,15 @@ def host_clause(facts: Facts) -> str:
 def gib_short(n: int) -> str:
     """Whole GiB, or TiB to one place from 1 TiB: a figure for the line, the exact one is in the report."""
     return f"{n / 2**40:,.1f} TiB" if n >= 2**40 else f"{n / 2**30:,.0f} GiB"
+
+
+def gib_apart(a: int, b: int) -> tuple[str, str]:
+    """Two figures in the line that a reader compares (needed, left): short, but never the same words for
+    different numbers (2,060 GiB and 2,038 GiB are both "2.0 TiB")."""
+    for fmt in (gib_short, lambda n: f"{n / 2**30:,.0f} GiB", gib):
+        if fmt(a) != fmt(b) or a == b:
+            return fmt(a), fmt(b)
+    return gib(a), gib(b)
 
 
 def stop_sentence(stop, *, estimated: bool) -> str:
@@ -203,7 +216,8 @@ def stop_reason(stop) -> str:
         return f"building the host pools fails: {stop.error}"
     if stop.kind == "coverage":
         return f"the draft host pool covers {stop.coverage:.3f} of the logical slots (capacity guard)"
-    return f"host pools need {gib_short(stop.needed)}/node, {gib_short(stop.left)} left after sglang's reserve"
+    needed, left = gib_apart(stop.needed, stop.left)
+    return f"host pools need {needed}/node, {left} left after sglang's reserve"
 
 
 def host_warnings(facts: Facts) -> tuple[str, ...]:
@@ -220,11 +234,22 @@ def pass_effect(found) -> str:
     """A broken pass's consequence in a few words (never "stops at startup": that is exit 3's)."""
     from .. import passes as passes_mod
 
+    if refuses_at_startup(found):
+        return "refuses it as the server starts"
     if found.verdict == passes_mod.RAISES:
         return "crashes"
     if found.name in passes_mod.DRAFT_PASSES:
         return "the draft reads other tokens' KV (acceptance collapses)"
     return "the target reads other tokens' KV (wrong tokens)"
+
+
+def pass_effect_short(found) -> str:
+    """:func:`pass_effect` for the line: what happens, without its consequence (that is in the block)."""
+    from .. import passes as passes_mod
+
+    if refuses_at_startup(found):
+        return "refuses it as the server starts"
+    return "crashes" if found.verdict == passes_mod.RAISES else "reads other tokens' KV"
 
 
 def refuses_at_startup(found) -> bool:
@@ -263,12 +288,21 @@ def stock_clause(facts: Facts) -> str:
         return f"{base} rejects it ({facts.stock_message})"
     stock = facts.stock_judged
     if stock is not None and stock.broken:
-        return (f"{base} admits it, but under DCP " + "; ".join(f"{f.name} on {f.backend} {pass_effect(f)}"
-                                                               for f in stock.broken))
+        return f"{base} admits it, but {findings_clause(stock.broken)}"
     stop = getattr(facts.sizing, "stock_startup_error", None)
     if stop:
         return f"{base} admits it but stops at startup ({stop})"
     return f"{base} admits it too"
+
+
+def findings_clause(broken) -> str:
+    """Broken passes in words: a backend refusing at startup as that, the others as what their pass does."""
+    at_start = sorted({f.backend for f in broken if refuses_at_startup(f)})
+    rest = [f"{f.name} on {f.backend} {pass_effect(f)}" for f in broken if not refuses_at_startup(f)]
+    parts = [f"{b} refuses it as the server starts" for b in at_start]
+    if rest:
+        parts.append("under DCP " + "; ".join(rest))
+    return "; ".join(parts)
 
 
 def evidence_of(judged) -> str:
@@ -309,9 +343,11 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
     elif not facts.plugin_on and facts.plugin_passed:
         why.append("the plugin is off; with it on, sglang admits it")
     unchecked = unmapped_clause(judged) if judged.dcp > 1 and not judged.mapped else ""
+    # What its passes would do if admitted, unless the stock clause above has said it already.
     stock = facts.stock_judged
-    if judged.broken and (stock is None or stock.broken != judged.broken):
-        why.append("the pass map: " + "; ".join(f"{f.name} on {f.backend} {pass_effect(f)}" for f in judged.broken))
+    said = plugin_refuses and stock is not None and stock.broken == judged.broken
+    if judged.broken and not said:
+        why.append(f"the pass map: {findings_clause(judged.broken)}")
     why.extend(host_warnings(facts))
     return Verdict(REJECTED, reason, host_clause(facts), advice, tuple(why), "", unchecked,
                    evidence_of(judged) if not judged.broken else "", _todo(facts, advice, REJECTED))
@@ -320,11 +356,12 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
 def stops(facts: Facts, stop, advice: Advice | None) -> Verdict:
     """Validation passes, startup does not: the host pools, or the attention backend refusing as it starts."""
     estimated = getattr(facts.sizing, "device_rows_estimated", False)
-    if isinstance(stop, str):  # a backend's refusal at startup, from the pass map
-        reason, why = stop, [stop]
+    if hasattr(stop, "backend"):  # a pass finding: the backend refusing the launch as it starts
+        reason, why = f"{stop.backend} refuses {kind_of(facts.judged)} under DCP as it starts", [backend_refusal(stop)]
     else:
         reason, why = stop_reason(stop), [stop_sentence(stop, estimated=estimated)]
-    why.append(stock_clause(facts))
+    # With the plugin off the launch as run is stock's: the clause would say the same again.
+    why.append(stock_clause(facts) if facts.plugin_on else "the plugin is off")
     return Verdict(STOPS, f"{reason}", host_clause(facts), advice, tuple(why) + host_warnings(facts), "", "",
                    "", _todo(facts, advice, STOPS))
 
@@ -337,7 +374,8 @@ def broken(facts: Facts, advice: Advice | None) -> Verdict:
     """sglang admits it and it starts, but under DCP a pass crashes or reads other tokens' KV."""
     judged = facts.judged
     first = judged.broken[0]
-    reason = f"under DCP {first.name} on {first.backend} {pass_effect(first)}"
+    more = f" (and {len(judged.broken) - 1} more)" if len(judged.broken) > 1 else ""
+    reason = f"under DCP {first.name} on {first.backend} {pass_effect_short(first)}{more}"
     why = [f.line() for f in judged.broken]
     if judged.note:
         why.append(judged.note)
@@ -396,7 +434,9 @@ def _todo(facts: Facts, advice: Advice | None, code: int) -> tuple[str, ...]:
     if advice is not None:
         removed = f" (drop {' '.join(advice.remove)})" if advice.remove else ""
         how = f" ({'; '.join(advice.env)})" if advice.env else ""
-        return (f"{advice.change}{removed}{how}: preflight judged that launch on this node: {advice.line}",)
+        proof = f"; {advice.evidence}" if advice.evidence else ""
+        return (f"{advice.change}{removed}{how}; preflight judged that launch on this node: "
+                f"{advice.line.removeprefix(PREFIX)}{proof}",)
     if code == UNCHECKED:
         return ("it runs as it is, its passes under DCP unchecked: the pass map has checked no other backend that "
                 "passes it on this node and release",)

@@ -25,7 +25,9 @@ plugin's :mod:`.flashinfer_mla_backend` hooks apply to the release, or its
 code carries upstream-next 0012), the verify is judged on the map's readings
 with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
 drafts are admitted there, as 0013 admits them; the target's own NextN layer
-as draft and a draft tree (topk > 1) are refused in 0013's words.
+as draft, an external MLA draft checkpoint (which sglang runs as it runs that
+layer: :func:`draft_uses_mla`) and a draft tree (topk > 1) are refused in
+0013's words.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ MODULE = "sglang.srt.arg_groups.speculative_hook"
 SPECULATIVE = f"{MODULE}.handle_speculative_decoding"
 # The name 0008 gives the check in sglang's module; the plugin puts its own there under it (``declare_check``).
 CHECK = "_check_speculative_passes_under_dcp"
+# And 0013's name for the question whether an external draft checkpoint has MLA attention.
+DRAFT_USES_MLA = "_draft_uses_mla"
 
 
 def _installed_version() -> str | None:
@@ -112,6 +116,18 @@ def _decode_backend(server_args) -> str | None:
     return backends_of(resolved_view(server_args))[1]
 
 
+def draft_uses_mla(cfg) -> bool:
+    """Has the external draft checkpoint MLA attention (a ``kv_lora_rank``)? sglang builds the draft's attention
+    from the draft's own config, so such a draft runs on the MLA draft backends, as the target's NextN layer does.
+    Read through sglang's own ``get_config``, the reader its speculative alias resolution calls on the same path."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    draft = get_config(cfg.speculative_draft_model_path, trust_remote_code=getattr(cfg, "trust_remote_code", False),
+                       revision=getattr(cfg, "speculative_draft_model_revision", None))
+    text = getattr(draft, "text_config", None) or draft
+    return bool(getattr(text, "kv_lora_rank", None))
+
+
 def check_passes_under_dcp(server_args) -> None:
     """The argument check: one ValueError line for a launch under DCP the map shows broken (0008's check)."""
     from ... import passes
@@ -129,9 +145,15 @@ def check_passes_under_dcp(server_args) -> None:
         return
     draft_path = getattr(view, "speculative_draft_model_path", None)
     target_backend, mla = _decode_backend(server_args), _uses_mla(server_args)
+    own_layer = draft_path in (None, getattr(view, "model_path", None))
+    # Only where the answer can change the verdict: an external EAGLE-family draft on an MLA target's backends
+    # the map ran (the config read is sglang's own, once per launch).
+    draft_mla = (not own_layer and mla and str(algorithm).upper() in ("EAGLE", "EAGLE3", "NEXTN")
+                 and target_backend in ("flashinfer", "fa3")
+                 and getattr(_module(), DRAFT_USES_MLA, draft_uses_mla)(view))
     line = passes.refusal(
         _installed_version() or "", str(algorithm), dcp=dcp,
-        own_layer=draft_path in (None, getattr(view, "model_path", None)), mla=mla, target_backend=target_backend,
+        own_layer=own_layer, mla=mla, target_backend=target_backend, draft_mla=draft_mla,
         draft_backend=getattr(view, "speculative_draft_attention_backend", None),
         verify_fix=_verify_fix(target_backend, mla), topk=int(getattr(view, "speculative_eagle_topk", None) or 1),
         flashinfer_fix=_verify_fix("flashinfer", mla),
@@ -151,11 +173,14 @@ def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
 
 
 def declare_check() -> None:
-    """Put the check in sglang's module under 0008's name, beside the helper it reads there (``use_mla_backend``,
-    which 0008 imports into that module), so code and tests written for the series find both."""
+    """Put the check in sglang's module under 0008's name, beside the helpers it reads there (``use_mla_backend``,
+    which 0008 imports into that module, and 0013's ``_draft_uses_mla``), so code and tests written for the series
+    find them all, and a test that patches one there patches it for this check too."""
     module = _module()
     if getattr(module, CHECK, None) is None:
         setattr(module, CHECK, check_passes_under_dcp)
+    if getattr(module, DRAFT_USES_MLA, None) is None:
+        setattr(module, DRAFT_USES_MLA, draft_uses_mla)
     if not hasattr(module, "use_mla_backend"):
         use_mla_backend = _helper("use_mla_backend")
         if use_mla_backend is not None:  # a release without it: the server args answer it themselves
