@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -17,6 +18,18 @@ REPO = Path(__file__).resolve().parents[1]
 # own helpers.
 if str(REPO / "tools") not in sys.path:
     sys.path.insert(0, str(REPO / "tools"))
+
+
+@pytest.fixture(autouse=True)
+def _environment_as_found():
+    """Each test sees the process environment the run started with: sglang's argument resolution writes variables for
+    the servers it would start (0.5.23 sets SGLANG_USE_CUDA_IPC_TRANSPORT), and one test's resolution would otherwise
+    reach the next as the operator's own setting."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 @pytest.fixture(scope="session")

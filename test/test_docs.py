@@ -13,8 +13,8 @@ import re
 import pytest
 
 import docblocks
-from report_text import below_verdict, verdict_line
 import tree_table
+from report_text import below_verdict, verdict_line
 
 # block name -> the test file that checks it is fresh
 FRESHNESS = {

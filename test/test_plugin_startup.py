@@ -32,6 +32,9 @@ ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 STACK, GROUP, SIDECAR = f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group", f"{ASSEMBLER}.build_full_draft_pools"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size._draft_bytes"
 ESTIMATE = "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"
+# The backend pick under DCP on Hopper: ServerArgs' own method up to 0.5.18, arg_groups.overrides' from 0.5.19.
+PICK, OVERRIDES_PICK = "sglang.srt.server_args.ServerArgs._get_default_attn_backend", "sglang.srt.arg_groups.overrides.get_default_attn_backend"
+PICKED = "under DCP sglang picks fa3 for an MLA model on Hopper, which has no DCP code"
 # The speculative check sits on argument resolution (arg_groups.speculative_hook), which a scheduler does not import.
 SPECULATIVE = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 NO_SIDECAR_PARAMS = "CacheInitParams has no sidecar_draft_device_pools (0.5.23 adds it), so build_kv_only_stack cannot see the draft sidecar"
@@ -56,19 +59,24 @@ def plugin_lines(log: list[str]) -> list[str]:
 EXPECTED = {
     "0.5.17": [
         f"dcp_dspark: hooked {RESOLVER}: the resolver rejects DSPARK under DCP + HiCache",
+        f"dcp_dspark: hooked {PICK}: {PICKED}",
         f"dcp_dspark: hooked {REGISTRATION}: the draft host pool is sized from physical rows (160 rows for 288 logical slots at dcp 2)",
         f"dcp_dspark: hooked {BUDGET}: --hicache-size sizes the target host pool alone",
+        f"dcp_dspark: left {OVERRIDES_PICK} alone (not for this release): sglang.srt.arg_groups.overrides has no get_default_attn_backend in this release; nothing to hook",
     ],
     "0.5.18": [
         f"dcp_dspark: left {RESOLVER} alone (already fixed): the resolver already admits DSPARK under DCP + HiCache",
+        f"dcp_dspark: hooked {PICK}: {PICKED}",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.18 carries the fix upstream (registration probe failed: TypeError: ",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.18",
         f"dcp_dspark: left {STACK} alone (not for this release): {NO_SIDECAR_PARAMS}",
         f"dcp_dspark: left {GROUP} alone (not for this release): follows build_kv_only_stack: {NO_SIDECAR_PARAMS}",
         f"dcp_dspark: left {SIDECAR} alone (not for this release): this draft sidecar builder takes server_args (0.5.18)",
+        f"dcp_dspark: left {OVERRIDES_PICK} alone (not for this release): sglang.srt.arg_groups.overrides has no get_default_attn_backend in this release; nothing to hook",
     ],
     "0.5.23": [
         f"dcp_dspark: left {RESOLVER} alone (not for this release): sglang.srt.server_args.ServerArgs has no _resolve_hicache_dcp_compatibility in this release; nothing to hook",
+        f"dcp_dspark: left {PICK} alone (not for this release): sglang.srt.server_args.ServerArgs has no _get_default_attn_backend in this release; nothing to hook",
         f"dcp_dspark: left {REGISTRATION} alone (already fixed): sglang 0.5.23 carries the fix upstream (registration probe failed: TypeError: MLATokenToKVPoolHost.__init__() missing ",
         f"dcp_dspark: left {BUDGET} alone (not for this release): the budget hook is for sglang 0.5.17, found 0.5.23",
         f"dcp_dspark: hooked {STACK}: --hicache-size sizes the target host pool alone (96 rows with or without a draft sidecar at dcp 2); the hook gives the target t / (t + dcp_size * d) of --hicache-size",
@@ -76,6 +84,7 @@ EXPECTED = {
         f"dcp_dspark: hooked {SIDECAR}: a draft sidecar of 256 rows for 288 logical slots builds without complaint; the hook stops startup",
         f"dcp_dspark: hooked {AUTO_SIZE}: the estimate prices the draft sidecar at the target's physical rows (92160 bytes for 2x as many at dcp 2)",
         f"dcp_dspark: hooked {ESTIMATE}: follows _draft_bytes: ",
+        f"dcp_dspark: hooked {OVERRIDES_PICK}: {PICKED}",
     ],
 }
 
@@ -130,7 +139,7 @@ def test_probe_pools_leave_no_lines_in_sglangs_log():
     allocations = [line for line in log if "is allocated" in line or "hierarchical KV host pool" in line]
     assert any("#tokens: 8192" in line for line in allocations), log  # the real pools' lines do show
     assert not [line for line in allocations if "#tokens: 64," in line or "#tokens: 128," in line or " 160 tokens" in line]
-    assert len(plugin_lines(log)) == 3  # a process configured before load_plugins() still gets its lines
+    assert len(plugin_lines(log)) == len(EXPECTED["0.5.17"])  # a process configured before load_plugins() still gets its lines
 
 
 def test_off_switch_hooks_nothing_and_says_so_once():

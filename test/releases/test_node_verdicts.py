@@ -22,8 +22,6 @@ answers from. What is checked:
 
 from __future__ import annotations
 
-import pytest
-
 from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
 from trees import TREE
