@@ -478,7 +478,7 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
             judged, backend: str | None, plugin_on: bool, sizing) -> verdict_mod.Advice | None:
     """The first change that makes the launch pass on this node and release, judged by preflight itself; None where
     none does. Tried in order: an attention backend the pass map shows running it (not the one it runs), the plugin
-    on, --dcp-size 1 (where the launch is refused or broken), a --hicache-size the node holds."""
+    on, a chain for a draft tree, --dcp-size 1 (where the launch is refused or broken), a --hicache-size the node holds."""
     from ..plugin import switch
 
     launch = la if la is not None else given
@@ -504,6 +504,14 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
                           plugin_on))
     if not plugin_on and switch.entry_point_installed() and code != UNCHECKED:
         tries.append((list(argv), (), (), (switch.TURN_ON,), True))
+    # As the launch gives them (the resolved Launch keeps only what the host pools depend on).
+    topk, steps = given.speculative_eagle_topk or 1, given.speculative_num_steps
+    if dcp > 1 and code in (REJECTED, BROKEN_PASS) and topk > 1 and steps:
+        # A draft tree under DCP: the split verify plans a chain, so a chain of the same depth keeps DCP (sglang
+        # sets a chain's draft tokens to its steps + 1 itself; the advised launch is judged as sglang resolves it).
+        chain = ("--speculative-eagle-topk", "1")
+        rest, removed = _without(argv, chain[:1])
+        tries.append(([*rest, *chain], chain, tuple(removed), (), plugin_on))
     if dcp > 1 and code in (REJECTED, BROKEN_PASS, STOPS) and not (code == STOPS and getattr(sizing, "startup_stops", ())):
         rest, removed = _without(argv, ("--dcp-size",))
         tries.append(([*rest, "--dcp-size", "1"], ("--dcp-size", "1"), tuple(removed), (), plugin_on))

@@ -328,8 +328,9 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
     judged = facts.judged
     # A refusal of a launch kind on a backend under DCP (the plugin's check, the series' words) is named by what
     # it refuses; any other is sglang's own message, quoted.
-    on = re.search(r" on (\S+) MLA is not supported", str(message))
-    kind = f"{kind_of(judged)} on {on.group(1)} under DCP" if on and judged.dcp > 1 else ""
+    on = re.search(r" on (\S+) MLA is not supported|is not supported on (\S+) MLA", str(message))
+    kind = (f"{kind_of(judged)}{refused_draft(str(message))} on {on.group(1) or on.group(2)} under DCP"
+            if on and judged.dcp > 1 else "")
     if plugin_refuses:
         who = "the plugin refuses"
     elif applied:
@@ -353,6 +354,16 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
                    evidence_of(judged) if not judged.broken else "", _todo(facts, advice, REJECTED))
 
 
+def refused_draft(message: str) -> str:
+    """What of the draft a refusal on flashinfer MLA turns on, in a few words (its message says it at length)."""
+    if "own NextN layer as draft" in message:
+        return " (own NextN layer as draft)"
+    if "an MLA draft checkpoint" in message:
+        return " (MLA draft)"
+    topk = re.search(r"--speculative-eagle-topk (\d+)", message)
+    return f" (topk {topk.group(1)})" if topk else ""
+
+
 def stops(facts: Facts, stop, advice: Advice | None) -> Verdict:
     """Validation passes, startup does not: the host pools, or the attention backend refusing as it starts."""
     estimated = getattr(facts.sizing, "device_rows_estimated", False)
@@ -374,8 +385,11 @@ def broken(facts: Facts, advice: Advice | None) -> Verdict:
     """sglang admits it and it starts, but under DCP a pass crashes or reads other tokens' KV."""
     judged = facts.judged
     first = judged.broken[0]
-    more = f" (and {len(judged.broken) - 1} more)" if len(judged.broken) > 1 else ""
-    reason = f"under DCP {first.name} on {first.backend} {pass_effect_short(first)}{more}"
+    # A pass broken in both its CUDA-graph and eager forms is one pass to the operator; the block lists both.
+    name = re.sub(r"_(GRAPH|EAGER)$", "", first.name)
+    others = {re.sub(r"_(GRAPH|EAGER)$", "", f.name) for f in judged.broken} - {name}
+    more = f" (+{len(others)} more)" if others else ""
+    reason = f"under DCP {name} on {first.backend} {pass_effect_short(first)}{more}"
     why = [f.line() for f in judged.broken]
     if judged.note:
         why.append(judged.note)
