@@ -67,7 +67,7 @@ bench: setup trees next-trees
 	$(BIN)/python bench/preflight_cost.py
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
-	PYTHONPATH=$(TREE_next_patched):test $(BIN)/python bench/sharded_draft.py
+	PYTHONPATH=$(TREE_next_patched):test:tools $(BIN)/python bench/sharded_draft.py
 	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py
 
 # The unit tier: the package's own tests on the installed sglang alone (no tree
