@@ -504,9 +504,8 @@ def _advise(release, argv: list[str], node: Node, device_rows: int | None, confi
                           plugin_on))
     if not plugin_on and switch.entry_point_installed() and code != UNCHECKED:
         tries.append((list(argv), (), (), (switch.TURN_ON,), True))
-    # As the launch gives them (the resolved Launch keeps only what the host pools depend on).
-    topk, steps = given.speculative_eagle_topk or 1, given.speculative_num_steps
-    if dcp > 1 and code in (REJECTED, BROKEN_PASS) and topk > 1 and steps:
+    # As the launch gives it (the resolved Launch keeps only what the host pools depend on).
+    if dcp > 1 and code in (REJECTED, BROKEN_PASS) and (given.speculative_eagle_topk or 1) > 1:
         # A draft tree under DCP: the split verify plans a chain, so a chain of the same depth keeps DCP (sglang
         # sets a chain's draft tokens to its steps + 1 itself; the advised launch is judged as sglang resolves it).
         chain = ("--speculative-eagle-topk", "1")

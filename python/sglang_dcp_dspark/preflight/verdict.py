@@ -386,8 +386,11 @@ def broken(facts: Facts, advice: Advice | None) -> Verdict:
     judged = facts.judged
     first = judged.broken[0]
     # A pass broken in both its CUDA-graph and eager forms is one pass to the operator; the block lists both.
-    name = re.sub(r"_(GRAPH|EAGER)$", "", first.name)
-    others = {re.sub(r"_(GRAPH|EAGER)$", "", f.name) for f in judged.broken} - {name}
+    def one_pass(found) -> str:
+        return re.sub(r"_(GRAPH|EAGER)$", "", found.name)
+
+    name = one_pass(first)
+    others = {one_pass(f) for f in judged.broken} - {name}
     more = f" (+{len(others)} more)" if others else ""
     reason = f"under DCP {name} on {first.backend} {pass_effect_short(first)}{more}"
     why = [f.line() for f in judged.broken]
