@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.setup-stamp
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees release-trees next-trees demo lint check test bench gpu-check gpu-bundle clean
+.PHONY: setup trees upstream-trees release-trees next-trees demo lint check test bench bench-smoke gpu-check gpu-bundle clean
 
 setup: $(STAMP)
 
@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 	$(BIN)/python -m compileall -q python/sglang_dcp_dspark
 	touch $@
 
-# Every sglang tree the tests run on and how it is built is patches/trees.json,
-# what runs on each is test/matrix.json; build/trees.mk is rendered from them
-# (make remakes it first whenever one changes) and holds SGLANG_BASE, a rule
+# Every sglang tree the tests run on, how it is built and what runs on it is
+# patches/trees.json; build/trees.mk is rendered from it (make remakes it
+# first whenever it or a series' config.json changes) and holds SGLANG_BASE, a rule
 # per tree under build/trees, the groups `trees` (the 0.5.17 copy with the
 # backport applied), `upstream-trees` (PR #35221 in upstream's form: stock
 # 0.5.18, the PR's parent rebuilt from it by reversing the series, and that
@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # TREE_TESTS, one pytest run per tree.
 include build/trees.mk
 
-build/trees.mk: patches/trees.json test/matrix.json $(wildcard patches/*/config.json) tools/tree_table.py
+build/trees.mk: patches/trees.json $(wildcard patches/*/config.json) tools/tree_table.py
 	mkdir -p $(@D) && $(PYTHON) tools/tree_table.py --make > $@.tmp && mv $@.tmp $@
 
 # preflight's exit code is its verdict on the launch (0 passes, 1 rejected, 3 stops at startup, 5 a broken pass,
@@ -67,26 +67,35 @@ bench: setup trees next-trees
 	$(BIN)/python bench/preflight_cost.py
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
-	PYTHONPATH=$(TREE_next_patched):test:tools $(BIN)/python bench/sharded_draft.py
+	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py
 	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py
+
+# Every bench above once, at its smallest size, on the same trees (CI runs it after the tests): it proves each
+# script still runs from a fresh clone, in well under 3 minutes. Its figures are no measurement; make bench's are.
+bench-smoke: setup trees next-trees
+	$(BIN)/python bench/host_memory.py --dcp 8 --model DeepSeek-V3
+	$(BIN)/python bench/plugin_overhead.py --smoke
+	$(BIN)/python bench/pass_map_cost.py --tree $(TREE_next_stock) --smoke
+	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock) --smoke
+	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py --dcp 2 --target-layers 1
+	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py --dcp 2
+	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py --smoke
 
 # The unit tier: the package's own tests on the installed sglang alone (no tree
 # to build), in a few minutes; make test runs them again with everything else.
-CHECK_TESTS := test/test_layout.py test/cli test/core test/plugin test/preflight test/passes test/test_passes.py test/test_rules.py test/test_hostram.py \
-	test/test_swap.py test/test_switch.py test/test_compat.py test/test_guard.py test/test_budget.py \
-	test/test_sizing.py test/test_series.py test/test_plugin.py test/test_every_test_ran.py \
-	test/test_tree_table.py test/numerics/test_mla_oracle.py
+CHECK_TESTS := test/project/test_layout.py test/project/test_every_test_ran.py test/project/test_tree_table.py \
+	test/cli test/core test/plugin test/preflight test/passes test/series test/numerics/test_mla_oracle.py
 # (The tree table's check of every built tree is left to make test: the unit tier builds none.)
 check: setup
 	DCP_DSPARK_TREE=stock $(PYTEST) -q $(CHECK_TESTS) \
-		--deselect test/test_tree_table.py::test_every_series_reads_as_the_table_says_on_every_tree
+		--deselect test/project/test_tree_table.py::test_every_series_reads_as_the_table_says_on_every_tree
 
 # pytest runs once per sglang tree of patches/trees.json, with PYTHONPATH on
-# that tree and DCP_DSPARK_TREE naming it (test/matrix.json says which
-# directories); then test/every_test_ran.py checks that every test passed on
+# that tree and DCP_DSPARK_TREE naming it (the tree's `tests` in
+# patches/trees.json say which directories); then test/every_test_ran.py checks that every test passed on
 # at least one tree. Tests marked `regression` describe the fix: on a tree the table
 # marks `defect` they are strict xfails, elsewhere they must pass. The stock
-# run takes all of test/ (test/test_export.py also reads the other trees);
+# run takes all of test/ (test/cli/test_export.py also reads the other trees);
 # test/datapath runs on every tree (docs/hicache-datapath.md has the matrix).
 test: setup $(TREE_TARGETS)
 	$(TREE_TESTS)
@@ -94,9 +103,11 @@ test: setup $(TREE_TARGETS)
 # On a machine with one CUDA GPU (never in CI): round trip and stress at dcp 8
 # with device pools on cuda, pinned host pools and real streams. A GPU machine
 # without sglang or a network gets build/gpu from `make gpu-bundle` (wheels
-# for Python 3.12 and the series' files) and runs test/datapath/gpu_run.sh.
+# for Python 3.12 and the series' files) and runs tools/emulation/datapath/gpu_run.sh.
+# Without the venv (a bare GPU machine), EMULATION puts the library on the path the way the editable install does.
+EMULATION := python:tools
 gpu-check:
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) test/datapath/gpu_check.py
+	PYTHONPATH=$(EMULATION)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m emulation.datapath.gpu_check
 
 GPU_BUNDLE := build/gpu
 GPU_PLATFORMS := $(foreach n,2_28 2_27 2_26 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64

@@ -21,9 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / d) for d in ("test", "tools")]
 
 DCP_SIZES = (1, 2, 4, 8, 16)
 # DeepSeek-V3: MLA latent 512 + rope 64 in bf16 (1,152 bytes per token per layer); 61 layers; one MTP/draft layer.
@@ -31,9 +28,9 @@ GEOMETRY = dict(kv_lora_rank=512, qk_rope_head_dim=64, target_layers=61, draft_l
 
 
 def measure(dcp: int, *, target_layers: int, page_size: int, device_pages: int) -> dict:
-    from datapath import scenarios
-    from datapath.harness import DRAFT, TARGET, Case
-    from datapath.substitutions import ReferenceOps
+    from emulation.datapath import scenarios
+    from emulation.datapath.harness import DRAFT, TARGET, Case
+    from emulation.datapath.substitutions import ReferenceOps
 
     case = Case(
         dcp_size=dcp, dcp_rank=dcp - 1, layout="layer_first", io_backend="kernel", draft="mla",
@@ -84,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
-    from datapath.harness import DraftHostOverflow, sglang_version
+    from emulation.datapath.harness import DraftHostOverflow, sglang_version
 
     try:
         rows = [measure(d, target_layers=args.target_layers, page_size=args.page_size,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from sglang_dcp_dspark.core import meta, pools, probes, rules, sizing
-from sglang_dcp_dspark.plugin.hooks import _common as hook_common
+from sglang_dcp_dspark.plugin.hooks import common as hook_common
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 
 GB = rules.GB  # --hicache-size is decimal GB (HostKVCache: host_size * 1e9), so every figure here is too

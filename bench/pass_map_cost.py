@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--package", type=Path, metavar="DIR", help="a python/ directory holding the sglang_dcp_dspark to time")
     parser.add_argument("--repeats", type=int, default=MIN_PAIRS, metavar="N", help=f"pairs (at least {MIN_PAIRS})")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="one pair at the smallest size (make bench-smoke): proves the bench runs; its figures are no measurement")
     args = parser.parse_args(argv)
     for flag, path, inside in (("--tree", args.tree, "sglang/srt/plugins/__init__.py"),
                                ("--package", args.package, "sglang_dcp_dspark/__init__.py")):
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     try:
         result = run(args.tree and args.tree.resolve(), args.package and args.package.resolve(),
-                     max(MIN_PAIRS, args.repeats))
+                     1 if args.smoke else max(MIN_PAIRS, args.repeats))
     except Failed as exc:
         print(f"error: a measurement failed to run: {exc}", file=sys.stderr)
         return 1

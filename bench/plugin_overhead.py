@@ -130,9 +130,9 @@ def load(self):
     add(f"  modules it imported", 0, len(sys.modules) - n)
     if self.name == __PLUGIN__:
         from sglang_dcp_dspark import plugin
-        from sglang_dcp_dspark.plugin import decisions
-        plugin._judge = timed("  of which probes (plugin._judge)", plugin._judge)
-        plugin._decide = timed("  of which _decide() (probe, HookRegistry.register, log)", plugin._decide)
+        from sglang_dcp_dspark.plugin import decisions, hooks
+        hooks.Hook.judged = timed("  of which probes (Hook.judged)", hooks.Hook.judged)
+        plugin.install = timed("  of which install() (decide, HookRegistry.register, log)", plugin.install)
         decisions.watch = timed("  of which decisions.watch()", decisions.watch)
     def call():
         start = time.perf_counter()
@@ -365,7 +365,7 @@ def run(where: Where, repeats: int, profile_runs: int) -> dict:
 
 
 # The order the parts of load_plugins() are printed in: sglang's steps, each followed by what is inside it.
-PART_ORDER = ("entry_points()", "ep.load()", "  modules it imported", f"{PLUGIN} register()", "  of which _decide()",
+PART_ORDER = ("entry_points()", "ep.load()", "  modules it imported", f"{PLUGIN} register()", "  of which install()",
               "  of which probes", "  of which decisions.watch()", "HookRegistry.apply_hooks()",
               "  of which _propagate_patch()", "  modules walked")
 
@@ -448,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                              "in every process); compiled: a copy of it with its bytecode written, first on PYTHONPATH, as a wheel "
                              "install has it (default as-is)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="one pair at the smallest size (make bench-smoke): proves the bench runs; its figures are no measurement")
     args = parser.parse_args(argv)
     tree = None
     if args.tree is not None:
@@ -456,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --tree {args.tree}: no sglang/srt/plugins/__init__.py under it", file=sys.stderr)
             return 1
     repeats = args.repeats
-    if repeats < MIN_PAIRS:
+    if args.smoke:
+        repeats, args.profile_runs = 1, 1
+    elif repeats < MIN_PAIRS:
         print(f"note: --repeats {repeats} raised to {MIN_PAIRS}: the target is judged on at least {MIN_PAIRS} pairs", file=sys.stderr)
         repeats = MIN_PAIRS
     try:

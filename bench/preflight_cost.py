@@ -5,7 +5,13 @@ child's own peak resident set, not the maximum over every child), on the
 venv's sglang or, with ``--tree DIR``, on the tree at DIR (``PYTHONPATH=DIR``
 in every child; the release each child really ran is read back and checked):
 
-- ``import sglang.srt.server_args``, the floor any preflight pays;
+- ``import sglang.srt.server_args``, the bare import, for information;
+- preflight's honest floor: a process that imports sglang's server_args and
+  ModelConfig (with the quantization modules ModelConfig reads) and runs
+  sglang's own resolution of the same launch once on the emulated node
+  (preflight's node emulation and release adapter, which are what let
+  sglang resolve a launch for GPUs this machine does not have). preflight
+  cannot judge a launch with less;
 - one judgement of preflight's embedded default launch (DeepSeek-V3 with a
   dense DSparkDraftModel DSPARK draft, TP 8 + DCP 8 + HiCache, 470,000 device rows per
   rank on an 8 x H200 node with 2,048 GiB of host RAM);
@@ -34,8 +40,9 @@ Targets, all from figures measured in the same run:
 
 - peak RSS of one judgement within 1.5x of the bare import's;
 - peak RSS flat from 1x to 100x the device rows (largest / smallest <= 1.10);
-- one judgement's wall time within 1.25x of the bare import's (the median of
-  each round's pair);
+- one judgement's wall time within 1.15x of the floor's (the median of each
+  round's pair), and preflight's own stages (everything but torch, sglang's
+  import and sglang's resolutions) at most 10% of that wall time;
 - a sweep costs under 2 s of wall time per value past the first:
   (sweep of N values - one judgement) / (N - 1), the median over the rounds
   of each round's sweep against its judgement (the same from the median
@@ -44,7 +51,10 @@ Targets, all from figures measured in the same run:
 Exits 0 when every measurement ran (met or not: the table says), 1 when one
 failed to run (a crash, bad input, or the wrong sglang).
 
-    python bench/preflight_cost.py [--tree DIR] [--repeats N] [--sweep NAME=V1,...] [--json]
+    python bench/preflight_cost.py [--tree DIR] [--repeats N] [--sweep NAME=V1,...] [--json] [--smoke]
+
+``--smoke`` runs each case once, at 1x only, with a two-value sweep: it proves the bench runs (make bench-smoke);
+its figures are no measurement.
 """
 
 from __future__ import annotations
@@ -65,10 +75,10 @@ DEFAULT_SWEEP = "dcp=1,2,4,8"
 RSS_OVER_IMPORT_GOAL = 1.5
 RSS_FLAT_GOAL = 1.10  # largest / smallest peak RSS across the scales
 SWEEP_PER_VALUE_GOAL_S = 2.0
-# Wall of one judgement of the default over the bare import, per round's pair:
-# on every release. It was 1.41x until preflight stopped importing torch's compiler for sglang's kernels, which it
-# never runs (preflight.launch.kernels_uncompiled).
-WALL_OVER_IMPORT_GOAL = 1.25
+# Wall of one judgement of the default over its floor (sglang's import and its own resolution), per round's pair.
+WALL_OVER_FLOOR_GOAL = 1.15
+# preflight's own stages (the rest of prepare, the series, the pass map, the models, the pools) over its wall.
+OWN_SHARE_GOAL = 0.10
 MB = 1e6
 
 # preflight's embedded default launch, spelled out so that each scale gives
@@ -88,8 +98,9 @@ BASE_HOST_RAM_GIB = 2048.0
 PREFLIGHT_CHILD = """
 import sys, time
 from sglang_dcp_dspark.preflight import check as preflight
-preflight.MAX_GPU_MEMORY_GIB = float("inf")
-preflight.MAX_HOST_RAM_GIB = float("inf")
+from sglang_dcp_dspark.preflight import inputs
+inputs.MAX_GPU_MEMORY_GIB = float("inf")
+inputs.MAX_HOST_RAM_GIB = float("inf")
 _judge, _spent, _cpu = preflight.judge, [], []
 def judge(*args, **kwargs):
     start, cpu = time.perf_counter(), time.process_time()
@@ -115,8 +126,8 @@ def _timed(module, name):
         finally:
             _stages[name] = _stages.get(name, 0.0) + time.perf_counter() - start
     setattr(module, name, timed)
-from sglang_dcp_dspark.preflight import launch as _launch
-_timed(_launch, "import_sglang")
+from sglang_dcp_dspark.preflight import launch as launch_mod
+_timed(launch_mod, "import_sglang")
 for _name in STAGES[2:]:
     _timed(preflight, _name)
 from sglang_dcp_dspark.__main__ import main
@@ -131,13 +142,27 @@ sys.exit(code)
 # times alone, and ModelConfig's and the quantization modules), the rest of prepare (preflight's input, the configs,
 # the release adapter), then inside judge(): sglang's resolution (stock and with the plugin), the series a tree
 # carries, the pass map, the models and the host pools (with the plugin's hooks judged on the release's code).
-STAGES = ("torch", "import_sglang", "prepare", "resolve", "_applied_series", "judge_passes", "read_models", "size_pools")
+STAGES = ("torch", "import_sglang", "prepare", "resolve", "applied_series", "judge_passes", "read_models", "size_pools")
+OWN_STAGES = STAGES[4:]
 PREFLIGHT_CHILD = f"STAGES = {STAGES!r}\n" + PREFLIGHT_CHILD
 
 IMPORT_CHILD = """
 import sglang.srt.server_args
 import importlib.metadata, sglang
 print(importlib.metadata.version("sglang"), sglang.__file__)
+"""
+
+# The floor: sglang's import (server_args, ModelConfig and what it reads, as preflight imports them) and one
+# resolution of the same launch by sglang's own code on the same emulated node; nothing of preflight's judgement.
+FLOOR_CHILD = """
+import sys
+import sglang.srt.server_args
+from sglang_dcp_dspark.preflight import inputs, launch, releases, resolution
+launch.import_sglang()
+release = releases.installed()
+node = inputs.default_node(gpu_memory_gib=float(sys.argv[1]), host_ram_gib=float(sys.argv[2]))
+resolved = resolution.resolve(release, inputs.default_launch(), node, {}, hooked=False)
+print(release.version, resolved.passed)
 """
 
 
@@ -183,10 +208,12 @@ def node_flags(scale: int) -> list[str]:
             "--device-rows", str(BASE_DEVICE_ROWS * scale)]
 
 
-def cases(sweep: str) -> list[dict]:
+def cases(sweep: str, scales: tuple[int, ...] = SCALES) -> list[dict]:
     py = sys.executable
-    out = [{"key": "import", "run": "import sglang.srt.server_args", "argv": [py, "-W", "ignore", "-c", IMPORT_CHILD]}]
-    for scale in SCALES:
+    out = [{"key": "import", "run": "import sglang.srt.server_args", "argv": [py, "-W", "ignore", "-c", IMPORT_CHILD]},
+           {"key": "floor", "run": "floor: sglang's import + its resolution",
+            "argv": [py, "-W", "ignore", "-c", FLOOR_CHILD, f"{BASE_GPU_MEMORY_GIB:g}", f"{BASE_HOST_RAM_GIB:g}"]}]
+    for scale in scales:
         out.append({"key": f"x{scale}", "scale": scale,
                     "run": "preflight, one judgement (1x)" if scale == 1 else f"preflight, {scale}x device rows",
                     "argv": [py, "-c", PREFLIGHT_CHILD, "preflight", "--json", *node_flags(scale)]})
@@ -201,6 +228,11 @@ def read_back(case: dict, run: dict) -> dict:
     if case["key"] == "import":
         version, _, where = run["stdout"].strip().splitlines()[-1].partition(" ")
         return {"release": version, "sglang_file": where}
+    if case["key"] == "floor":
+        version, _, passed = run["stdout"].strip().splitlines()[-1].partition(" ")
+        if passed != "True":
+            raise Failed("floor: sglang's resolution rejected the default launch; expected it to pass, as preflight says")
+        return {"release": version}
     try:
         report = json.loads(run["stdout"])
     except ValueError as exc:
@@ -222,9 +254,9 @@ def loadavg() -> str:
         return "unknown"
 
 
-def run(tree: Path | None, repeats: int, sweep: str) -> dict:
+def run(tree: Path | None, repeats: int, sweep: str, scales: tuple[int, ...] = SCALES) -> dict:
     env = child_env(tree)
-    todo = cases(sweep)
+    todo = cases(sweep, scales)
     runs: dict[str, list[dict]] = {c["key"]: [] for c in todo}
     seen: dict[str, dict] = {}
     load_before = loadavg()
@@ -241,7 +273,7 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
     for key, got in seen.items():
         if got["release"] != imported["release"]:
             raise Failed(f"{key}: ran sglang {got['release']}, the import ran {imported['release']}")
-    for scale in SCALES:
+    for scale in scales:
         got = seen[f"x{scale}"]
         if got["device_rows"] != BASE_DEVICE_ROWS * scale:
             raise Failed(f"{scale}x: preflight sized {got['device_rows']} device rows, expected {BASE_DEVICE_ROWS * scale}")
@@ -260,7 +292,7 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
                      if rs[0]["stages"] else None,
                      "wall_runs": [round(r["wall_s"], 2) for r in rs], "rss_runs": [r["peak_rss"] for r in rs]})
     by = {r["key"]: r for r in rows}
-    scaled = [by[f"x{s}"]["peak_rss"] for s in SCALES]
+    scaled = [by[f"x{s}"]["peak_rss"] for s in scales]
     n_values = by["sweep"]["values"]
     if by["sweep"]["judgements"] != n_values or by["x1"]["judgements"] != 1:
         raise Failed(f"expected 1 and {n_values} judgements, the children made {by['x1']['judgements']} and {by['sweep']['judgements']}")
@@ -270,7 +302,13 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
     per_value = statistics.median(per_round)
     wall_pairs = [o["wall_s"] / i["wall_s"] for o, i in zip(runs["x1"], runs["import"], strict=True)]
     wall_ratio = statistics.median(wall_pairs)
+    floor_pairs = [o["wall_s"] / f["wall_s"] for o, f in zip(runs["x1"], runs["floor"], strict=True)]
+    floor_ratio = statistics.median(floor_pairs)
+    own_shares = [own_seconds(r["stages"]) / r["wall_s"] for r in runs["x1"]]
+    own_share = statistics.median(own_shares)
     return {
+        "wall_over_floor": floor_ratio, "wall_over_floor_per_round": [round(x, 3) for x in floor_pairs],
+        "own_share": own_share, "own_share_per_round": [round(x, 3) for x in own_shares],
         "wall_over_import": wall_ratio, "wall_over_import_per_round": [round(x, 3) for x in wall_pairs],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "tree": str(tree) if tree else None,
@@ -281,7 +319,7 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
         "rows": rows,
         "rss_over_import": by["x1"]["peak_rss"] / by["import"]["peak_rss"],
         "rss_largest_over_import": max(scaled) / by["import"]["peak_rss"],
-        "rss_100x_over_1x": by[f"x{SCALES[-1]}"]["peak_rss"] / by["x1"]["peak_rss"],
+        "rss_100x_over_1x": by[f"x{scales[-1]}"]["peak_rss"] / by["x1"]["peak_rss"],
         "rss_flat": max(scaled) / min(scaled),
         "sweep_values": n_values,
         "sweep_over_single_s": by["sweep"]["wall_s"] - by["x1"]["wall_s"],
@@ -296,7 +334,8 @@ def run(tree: Path | None, repeats: int, sweep: str) -> dict:
             "rss_over_import": by["x1"]["peak_rss"] / by["import"]["peak_rss"] <= RSS_OVER_IMPORT_GOAL,
             "rss_flat": max(scaled) / min(scaled) <= RSS_FLAT_GOAL,
             "sweep_per_added_value": per_value < SWEEP_PER_VALUE_GOAL_S,
-            "wall_over_import": wall_ratio <= WALL_OVER_IMPORT_GOAL,
+            "wall_over_floor": floor_ratio <= WALL_OVER_FLOOR_GOAL,
+            "own_share": own_share <= OWN_SHARE_GOAL,
         },
     }
 
@@ -323,8 +362,7 @@ def render(result: dict) -> str:
                    f"{r['wall_s']:>5.2f} s {r['cpu_s']:>5.2f} s {_secs(r['judge_s']):>8} {_secs(r['judge_cpu_s']):>8}  {', '.join(f'{w:.2f}' for w in r['wall_runs'])}")
     t = result["targets"]
     out.append(f"wall, one judgement of the default / bare import, per round: median {result['wall_over_import']:.2f}x "
-               f"(rounds: {', '.join(f'{x:.2f}' for x in result['wall_over_import_per_round'])}; target <= "
-               f"{WALL_OVER_IMPORT_GOAL}x): {_met(t['wall_over_import'])}")
+               f"(rounds: {', '.join(f'{x:.2f}' for x in result['wall_over_import_per_round'])}; for information)")
     out.append(f"peak RSS, one judgement / bare import: {result['rss_over_import']:.2f}x "
                f"(100x rows / import: {result['rss_largest_over_import']:.2f}x; target <= {RSS_OVER_IMPORT_GOAL}x): "
                f"{_met(t['rss_over_import'])}")
@@ -342,6 +380,19 @@ def render(result: dict) -> str:
                f"({result['sweep_per_added_value_judge_cpu_s']:+.2f} s CPU) per added value "
                f"({result['judge_s_per_sweep_value']:.2f} s per sweep value, which adds the chart's setups, vs "
                f"{next(r for r in result['rows'] if r['key'] == 'x1')['judge_s']:.2f} s for one judgement)")
+    out += _stage_lines(result)
+    out.append(f"preflight's own stages / its wall, one judgement: median {result['own_share']:.1%} (rounds: "
+               f"{', '.join(f'{x:.1%}' for x in result['own_share_per_round'])}; target <= {OWN_SHARE_GOAL:.0%}): "
+               f"{_met(t['own_share'])}")
+    # Last: the figure the bench is about, read first by an operator.
+    out.append(f"wall, one judgement of the default / its floor (sglang's import + its resolution), per round: median "
+               f"{result['wall_over_floor']:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in result['wall_over_floor_per_round'])}"
+               f"; target <= {WALL_OVER_FLOOR_GOAL}x): {_met(t['wall_over_floor'])}")
+    return "\n".join(out)
+
+
+def _stage_lines(result: dict) -> list[str]:
+    out = []
     one = next(r for r in result["rows"] if r["key"] == "x1")
     over = one["wall_s"] - next(r for r in result["rows"] if r["key"] == "import")["wall_s"]
     stages = dict(one.get("stages") or {})
@@ -353,7 +404,15 @@ def render(result: dict) -> str:
                    f"quantization), the rest of prepare {stages.pop('prepare'):.2f} s (the configs; the release "
                    "adapter, which imports the sglang modules it asks), then in judge(): "
                    + ", ".join(f"{name.strip('_')} {stages[name]:.2f} s" for name in STAGES[3:]))
-    return "\n".join(out)
+    return out
+
+
+def own_seconds(stages: dict) -> float:
+    """preflight's own stages in one judgement: the rest of prepare (its input, the configs, the adapter) and, in
+    judge(), the series, the pass map, the models and the pools; not torch, sglang's import or its resolutions."""
+    if not stages:
+        raise Failed("the preflight child said no stage times; expected STAGE_SECONDS on its stderr")
+    return (stages["prepare"] - stages["import_sglang"]) + sum(stages[name] for name in OWN_STAGES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", default=DEFAULT_SWEEP, metavar="NAME=V1,...",
                         help=f"the sweep timed against one judgement (default {DEFAULT_SWEEP}; at least two values)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="each case once, at 1x, a two-value sweep (make bench-smoke): proves the bench runs; no measurement")
     args = parser.parse_args(argv)
     tree = None
     if args.tree is not None:
@@ -375,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --sweep {args.sweep}: expected at least two values", file=sys.stderr)
         return 1
     try:
-        result = run(tree, max(1, args.repeats), args.sweep)
+        result = (run(tree, 1, "dcp=1,8", scales=(1,)) if args.smoke else
+                  run(tree, max(1, args.repeats), args.sweep))
     except Failed as exc:
         print(f"error: a measurement failed to run: {exc}", file=sys.stderr)
         return 1

@@ -56,14 +56,14 @@ import sys
 import time
 import warnings
 
-from sglang_dcp_dspark.plugin.hooks._common import probing
+from sglang_dcp_dspark.plugin.hooks.common import probing
 
 DCP_SIZES = (2, 4, 8)
 MODES = ("replicated", "sharded")
 GPUS_PER_NODE = 8  # an HGX node: the per-node figures count 8 // dcp DCP groups
 
 # DeepSeek-V3's MLA geometry (its public config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim
-# 64, which upstream_next/pools.py builds); the DSpark draft is one layer of the same.
+# 64, which emulation/rank_pools.py builds); the DSpark draft is one layer of the same.
 TARGET_LAYERS = 61
 DRAFT_LAYERS = 1
 HICACHE_SIZE_GB = 100
@@ -83,11 +83,11 @@ def build_host_pools(dcp: int, draft_backup: str, *, device_rows: int,
                      hicache_size: float = HICACHE_SIZE_GB) -> tuple[object, object]:
     """Rank 0's target and draft host pools, built by sglang as a DSpark + HiCache launch builds them.
 
-    test/upstream_next/pools.py drives sglang's own build_kv_only_stack (the
+    tools/emulation/rank_pools.py drives sglang's own build_kv_only_stack (the
     --hicache-size split) and build_full_draft_pools on meta-device pools, so a
     full-scale rank allocates nothing.
     """
-    from upstream_next import pools
+    from emulation import rank_pools as pools
 
     rank = pools.Rank(dcp_size=dcp, device_rows=device_rows, target_layers=TARGET_LAYERS,
                       draft_layers=DRAFT_LAYERS, hicache_size=hicache_size, draft_backup=draft_backup)
@@ -127,7 +127,7 @@ def _per_rank(results: list[dict], key: str) -> tuple[int, bool]:
 
 def measure_group(dcp: int, *, timeout: float) -> dict:
     """Run one DCP group both ways through the real data path; the measured figures."""
-    from datapath import ranks
+    from emulation.datapath import ranks
 
     runs = {mode: _with_scenario_sums(ranks.run_group(dcp, draft_backup=mode, timeout=timeout)) for mode in MODES}
     groups_per_node = GPUS_PER_NODE // dcp

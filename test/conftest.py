@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,6 @@ from sglang_dcp_dspark.core.compat import SglangTree, locate_tree
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
-# The generators and harnesses, which the wheel does not ship: the tests import them by name, as they do test/'s
-# own helpers.
-if str(REPO / "tools") not in sys.path:
-    sys.path.insert(0, str(REPO / "tools"))
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
              and not (test.endswith("[none]") and test.split("[")[0] in functions)}
     for test, trees in sorted(never.items()):
         print(f"never passed on any tree: {test} ({', '.join(f'{t}: {o}' for t, o in sorted(trees.items()))}); "
-              "expected a tree that runs it; fix: add the tree's run to test/matrix.json, or drop the test")
+              "expected a tree that runs it; fix: add its directory to a tree's tests in patches/trees.json, or drop the test")
     print(f"{len(seen) - len(never)} of {len(seen)} tests passed (or failed as they assert) on at least one of "
           f"{len(list(junit_dir.glob('*.xml')))} trees")
     return 1 if never else 0

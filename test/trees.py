@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import runpy
 import subprocess
-import sys
 import unittest
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,15 +27,13 @@ TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
 __all__ = ["BUILD_TREES", "TREE", "TREES"]
 
 
-def load_bench(name: str):
-    """bench/<name>.py as a module (the benches are scripts, not a package), registered in sys.modules."""
+def load_bench(name: str) -> SimpleNamespace:
+    """bench/<name>.py's names, run as a module (the benches are scripts, not a package).
+
+    runpy lends the running file a module of its own while it executes (dataclasses look their module up as they
+    are made), and gives it back when done: the names stay, nothing stays registered."""
     path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules while the file executes.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return SimpleNamespace(**runpy.run_path(str(path), run_name=f"bench_{name}"))
 
 
 def expected_state(label: str, series: str) -> patching.State:

@@ -10,7 +10,7 @@ entry holds, so a renamed function renames its line here.
     python tools/hook_index.py      # the block, as docs/patches.md has it
     python tools/docblocks.py --write hook-index
 
-test/test_docs.py checks that the block is what this prints now.
+test/project/test_docs.py checks that the block is what this prints now.
 """
 
 from __future__ import annotations

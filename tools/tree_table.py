@@ -5,8 +5,7 @@
   DEP-3 headers say, its upstream PRs);
 - ``patches/trees.json``: every tree label (the DCP_DSPARK_TREE of a test
   run), its sglang release, how it is built and the state each series must
-  read as there;
-- ``test/matrix.json``: which test directories run on each tree.
+  read as there, and which test directories ``make test`` runs on it (``tests``).
 
 Only the standard library is used: make runs ``python3 tools/tree_table.py
 --make`` before the virtual environment exists.
@@ -24,7 +23,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "patches" / "trees.json"
-MATRIX = REPO / "test" / "matrix.json"
 BUILD_TREES = REPO / "build" / "trees"
 MAKE_TREES = "build/trees"  # the same directory as make names it, relative to the repository
 
@@ -62,9 +60,9 @@ SERIES: dict[str, dict] = {
     path.parent.name: {k: v for k, v in load(path).items() if k != "_comment"}
     for path in sorted((REPO / "patches").glob("*/config.json"))
 }
-RUNS: dict[str, list[str]] = load(MATRIX)["runs"]
 TREES: dict[str, Tree] = {
-    label: Tree(label=label, test_dirs=tuple(RUNS[label]), **row) for label, row in _RAW["trees"].items()
+    label: Tree(label=label, test_dirs=tuple(row["tests"]), **{k: v for k, v in row.items() if k != "tests"})
+    for label, row in _RAW["trees"].items()
 }
 
 

@@ -69,7 +69,8 @@ def _json_verdict(code: int, message: str) -> None:
                       "error": message}, indent=2))
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one subcommand per :data:`cli.PARSERS` module, in its ``--help`` order."""
     parser = _Parser(
         prog="sglang-dcp-dspark",
         description="DCP + HiCache + DSPARK for sglang: patch series, plugin and launch preflight.",
@@ -86,7 +87,7 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = _wants_json(argv)
     try:

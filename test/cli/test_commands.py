@@ -17,7 +17,7 @@ import pytest
 
 from sglang_dcp_dspark import __main__ as entry
 from sglang_dcp_dspark import cli
-from sglang_dcp_dspark.cli import _args, apply, base, coverage, export, preflight, revert, status, workbench
+from sglang_dcp_dspark.cli import apply, base, common, coverage, export, preflight, revert, status, workbench
 
 # The order sglang-dcp-dspark --help lists them in: the users' commands, the maintainers', the diagnostics.
 ORDER = ["status", "apply", "revert", "export", "coverage", "base", "workbench", "preflight"]
@@ -32,7 +32,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def test_each_module_registers_its_own_command_in_help_order():
     assert [m.__name__.rsplit(".", 1)[1] for m in cli.PARSERS] == ORDER
-    subs = _subcommands(entry._parser())
+    subs = _subcommands(entry.build_parser())
     assert list(subs) == ORDER
     for name, parser in subs.items():
         # the parser a module adds dispatches to that module's run, not a neighbour's
@@ -89,8 +89,8 @@ def test_preflight_json_error_is_the_verdict_object(capsys):
 def test_series_arguments_name_one_series():
     """``--series`` and ``--series-dir`` together are refused; ``--series`` alone reads the package's series."""
     p = argparse.ArgumentParser()
-    _args.add_series_choice(p, "")
-    assert _args.chosen_series(p.parse_args(["--series", "sglang-0.5.17"]), None).name == "sglang-0.5.17"
-    assert _args.chosen_series(p.parse_args([]), None) is None
+    common.add_series_choice(p, "")
+    assert common.chosen_series(p.parse_args(["--series", "sglang-0.5.17"]), None).name == "sglang-0.5.17"
+    assert common.chosen_series(p.parse_args([]), None) is None
     with pytest.raises(Exception, match="name a series twice"):
-        _args.chosen_series(p.parse_args(["--series", "a", "--series-dir", "b"]), None)
+        common.chosen_series(p.parse_args(["--series", "a", "--series-dir", "b"]), None)

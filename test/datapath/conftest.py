@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from datapath import matrix
-from datapath.harness import DraftHostOverflow, DraftRowsWrong
+from emulation.datapath import matrix
+from emulation.datapath.harness import DraftHostOverflow, DraftRowsWrong
 from trees import TREE
 
 KNOWN = TREE in matrix.TREES
@@ -34,7 +34,7 @@ XFAILS = {
 def plan(kind: str) -> list:
     """Parameters for one scenario on this run's tree; a visible skip where the tree is not driven."""
     if not DRIVEN:
-        reason = matrix.NOT_DRIVEN if KNOWN else f"DCP_DSPARK_TREE={TREE} is not in test/datapath/matrix.py"
+        reason = matrix.NOT_DRIVEN if KNOWN else f"DCP_DSPARK_TREE={TREE} is not in tools/emulation/datapath/matrix.py"
         return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="not-driven")]
     planned = {"round_trip": matrix.round_trip_plan, "stress": matrix.stress_plan, "negative": matrix.negative_plan,
                "budget": matrix.budget_plan,
@@ -61,7 +61,7 @@ def pytest_report_header(config):
 @pytest.fixture
 def halved_draft_host_pool(monkeypatch):
     """test/conftest.py's fixture, extended to the sidecar path (the hybrid assembler's own class binding)."""
-    from datapath import scenarios
+    from emulation.datapath import scenarios
 
     scenarios.halve_draft_host_pool(monkeypatch)
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from datapath import matrix, scenarios
-from datapath.conftest import PLUGIN_TREES, plan
-from datapath.harness import case_from
+from emulation.datapath import matrix, scenarios
+from emulation.datapath.harness import case_from
 from sglang_dcp_dspark.core import rules
-from sglang_dcp_dspark.plugin.hooks import _common as hook_common
+from sglang_dcp_dspark.plugin.hooks import common as hook_common
 from trees import TREE
+
+from .conftest import PLUGIN_TREES, plan
 
 KV_ONLY_STACK = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler.build_kv_only_stack"
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import docblocks
-from datapath import matrix
+from emulation.datapath import matrix
 
 
 def test_committed_matrix_table_is_fresh():
     assert matrix.committed_table() == matrix.markdown(), (
-        "docs/hicache-datapath.md's matrix table is stale; fix: .venv/bin/python test/datapath/matrix.py --write"
+        "docs/hicache-datapath.md's matrix table is stale; fix: .venv/bin/python tools/emulation/datapath/matrix.py --write"
     )
-    # The same "matrix" block as the docs' shared checker reads it (test/test_docs.py lists every block).
+    # The same "matrix" block as the docs' shared checker reads it (test/project/test_docs.py lists every block).
     docblocks.check("matrix", matrix.markdown())

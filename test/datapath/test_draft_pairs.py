@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import pytest
 
-from datapath import matrix, scenarios
-from datapath.conftest import DRIVEN, plan
-from datapath.harness import DRAFT, DraftRowsWrong, case_from
-from datapath.substitutions import ReferenceOps
+from emulation.datapath import matrix, scenarios
+from emulation.datapath.harness import DRAFT, DraftRowsWrong, case_from
+from emulation.datapath.substitutions import ReferenceOps
 from trees import TREE
+
+from .conftest import DRIVEN, plan
 
 
 def _counted(counts, case) -> None:

@@ -7,11 +7,11 @@ import inspect
 
 import pytest
 
-from datapath.harness import Case
-from datapath.scenarios import round_trip
+from emulation.datapath.harness import Case
+from emulation.datapath.scenarios import round_trip
 from sglang_dcp_dspark import plugin
 from sglang_dcp_dspark.core import probes
-from sglang_dcp_dspark.plugin import decisions, guard
+from sglang_dcp_dspark.plugin import decisions, guard, hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 from trees import TREE
 
@@ -35,7 +35,7 @@ def hook_the_plugin_picks(monkeypatch):
         def judge():
             return kv_cache_hooks.registration_verdict(stock_registration())
 
-        plugin._hook(kv_cache_hooks.DRAFT_REGISTRATION, judge, kv_cache_hooks.size_draft_from_logical, False, kv_cache_hooks.check_only_if_needed())
+        plugin.install(hooks.BY_TARGET[kv_cache_hooks.DRAFT_REGISTRATION].replace(judge=judge))
         (hook,) = picked
         return hook
 

@@ -17,10 +17,9 @@ import sys
 import pytest
 
 import docblocks
+from emulation.datapath import layouts
 from tree_table import TREES
 from trees import TREE
-
-from . import layouts
 
 TREE_LABEL = "next-stock"
 pytestmark = pytest.mark.skipif(
@@ -40,7 +39,7 @@ def measured() -> dict:
     env = dict(os.environ, PYTHONPATH=str(TREES[TREE_LABEL].path), PYTHONWARNINGS="ignore")
     for name in ("SGLANG_PLUGINS", "SGLANG_ENABLE_DCP_DSPARK_PLUGIN", "DCP_DSPARK_TREE"):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(docblocks.REPO / "test" / "datapath" / "layouts.py"), "--json"],
+    proc = subprocess.run([sys.executable, str(docblocks.REPO / "tools" / "emulation" / "datapath" / "layouts.py"), "--json"],
                           cwd=docblocks.REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"layouts.py --json exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"
     return json.loads(proc.stdout)
@@ -55,7 +54,7 @@ def rows(measured: dict, *labels: str) -> list[dict]:
 def test_committed_table_is_fresh(measured):
     assert layouts.committed_table() == measured["table"], (
         "docs/draft-layouts.md's table is stale; fix: PYTHONPATH=build/trees/sglang-0.5.23 "
-        ".venv/bin/python test/datapath/layouts.py --write"
+        ".venv/bin/python tools/emulation/datapath/layouts.py --write"
     )
     docblocks.check("draft-layouts", measured["table"])
 

@@ -7,10 +7,11 @@ import re
 import pytest
 import torch
 
-from datapath import scenarios
-from datapath.conftest import DRIVEN, plan
-from datapath.harness import DraftHostOverflow, case_from
-from datapath.substitutions import ReferenceOps, RowOutOfBounds
+from emulation.datapath import scenarios
+from emulation.datapath.harness import DraftHostOverflow, case_from
+from emulation.datapath.substitutions import ReferenceOps, RowOutOfBounds
+
+from .conftest import DRIVEN, plan
 
 SABOTAGE = {  # the pool whose incoming copies are corrupted -> what the comparison must report
     "draft/host": "draft buffer",  # a bad draft backup (device -> host)

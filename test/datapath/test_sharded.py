@@ -16,12 +16,12 @@ import re
 
 import pytest
 
+from emulation.datapath import ranks
+from emulation.datapath.harness import Case
 from tree_table import TREES, trees_testing
 from trees import TREE
 
-from . import ranks
 from .conftest import PLUGIN_TREES
-from .harness import Case
 
 DRIVEN = TREE in trees_testing("upstream-next")
 # The plugin carries upstream-next 0001-0003 on stock 0.5.23, not the sharded backup.

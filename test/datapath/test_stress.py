@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from datapath import scenarios
-from datapath.conftest import plan
-from datapath.harness import case_from
+from emulation.datapath import scenarios
+from emulation.datapath.harness import case_from
+
+from .conftest import plan
 
 
 @pytest.mark.parametrize("planned", plan("stress"))

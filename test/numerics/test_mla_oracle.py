@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mla.oracle import LOG2E, MLAOracle, PlanError, dense_reference  # noqa: E402
+from emulation.mla.oracle import LOG2E, MLAOracle, PlanError, dense_reference  # noqa: E402
 
 CKV, KPE, HEADS = 16, 8, 4
 

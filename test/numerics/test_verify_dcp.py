@@ -6,7 +6,7 @@ run's tree. Where the fix lives on each tree: the plugin's hooks on stock 0.5.23
 one rank to 1e-5, the split must hand the kernel at most 1.2x the KV the ranks hold where the prefixes are in the
 thousands, each control must be caught, and the kernel check must pass the oracle and stop each broken kernel, called
 alone and at the backend's first verify; on the stock tree without the hooks every case with N > 1 must fail. The
-map's readings of the verify with the fix (``tools/passmap/generate.py --fix``) and the docs' numbers tables
+map's readings of the verify with the fix (``python -m emulation.passmap --fix``) and the docs' numbers tables
 (``verify-numbers-*`` in docs/verify-under-dcp.md, ``verify-pr-numbers`` in docs/upstreaming.md) must be fresh on
 the tree that carries it.
 """
@@ -49,15 +49,15 @@ LONG = ("long-prefixes-page1", "long-prefixes-page64", "long-prefixes-eagle")
 CONTROL_CASES = "short-prefixes"
 
 
-def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, cwd=REPO,
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=1500)
 
 
 @functools.cache
 def _numbers(*args: str) -> dict:
-    out = _run(REPO / "tools" / "mla" / "verify_dcp.py", "--json", *args)
+    out = _run(str(REPO / "tools" / "emulation" / "mla" / "verify_dcp.py"), "--json", *args)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -123,7 +123,7 @@ def test_the_kernel_check_passes_the_oracle_and_stops_each_broken_kernel():
 
 def test_the_maps_readings_of_the_fixed_verify_are_fresh():
     _, fix, _, _ = HOMES[TREE]
-    out = _run(REPO / "tools" / "passmap" / "generate.py", "--fix", fix, "--check")
+    out = _run("-m", "emulation.passmap", "--fix", fix, "--check")
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
 
 

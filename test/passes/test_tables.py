@@ -1,6 +1,6 @@
 """The pass map as the package ships it: one compact table per release, fresh, small, and read back whole.
 
-The full map (tools/passmap/spec_passes.json) is what the generator writes
+The full map (tools/emulation/passmap/spec_passes.json) is what the generator writes
 and test/spec checks against each release's code; these tests hold the
 package's tables to it.
 """
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from passmap import compact
+from emulation.passmap import compact
 from sglang_dcp_dspark import passes
 
 FULL = json.loads(compact.FULL.read_text(encoding="utf-8"))
@@ -27,7 +27,7 @@ def _as_read(record: dict, drop: tuple[str, ...] = ()) -> dict:
 
 
 def test_the_tables_are_compacted_from_the_full_map():
-    assert compact.stale() == [], "fix: python tools/passmap/compact.py"
+    assert compact.stale() == [], "fix: python tools/emulation/passmap/compact.py"
 
 
 def test_the_package_ships_a_table_per_release_and_under_200_kb():

@@ -1,6 +1,6 @@
 """plugin.kernel_check: the check of flashinfer's MLA kernel before the first verify under DCP, on stand-in kernels.
 
-The oracle (``tools/mla/oracle.py``, the wrapper's documented contract) must pass, and each deliberately broken
+The oracle (``tools/emulation/mla/oracle.py``, the wrapper's documented contract) must pass, and each deliberately broken
 kernel must stop with one line naming its assumption. Here the merge is a torch merge of base-2 partials written
 for the test, because the installed sglang (0.5.17) cannot import its ``merge_state`` without a GPU; the check on
 sglang's own ``merge_state`` (its Triton kernel in the interpreter), through the backend's first verify, is
@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mla.oracle import BROKEN_KERNELS, OracleMLAWrapper
+from emulation.mla.oracle import BROKEN_KERNELS, OracleMLAWrapper
 from sglang_dcp_dspark.plugin import dcp_verify, kernel_check
 
 SHAPE = dict(num_heads=4, head_dim_ckv=512, head_dim_kpe=64, sm_scale=192 ** -0.5, q_dtype=torch.float32,

@@ -31,11 +31,11 @@ def test_an_unknown_part_is_one_line_with_the_fix(name):
 
 def test_the_facts_follow_the_architecture():
     hopper, blackwell = gpus.facts((9, 0)), gpus.facts((10, 0))
-    assert hopper["is_sm90"] and not hopper["is_blackwell"] and hopper["device_sm"] == 90
-    assert blackwell["is_blackwell"] and blackwell["is_sm100"] and not blackwell["is_sm90"]
-    assert gpus.facts((12, 0))["is_sm120"] and not gpus.facts((12, 0))["is_sm100"]
+    assert hopper.is_sm90 and not hopper.is_blackwell and hopper.device_sm == 90
+    assert blackwell.is_blackwell and blackwell.is_sm100 and not blackwell.is_sm90
+    assert gpus.facts((12, 0)).is_sm120 and not gpus.facts((12, 0)).is_sm100
     # every probe function preflight answers names a fact the table has
-    assert set(gpus.PROBE_FUNCTIONS.values()) <= set(hopper)
+    assert set(gpus.PROBE_FUNCTIONS.values()) <= set(hopper.as_dict())
 
 
 def test_the_default_part_is_the_h200():

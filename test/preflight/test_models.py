@@ -1,7 +1,7 @@
 """preflight.models: which configs are MLA (to pick the pass map's cases) and how a KV geometry is reported.
 
 The pools themselves are read through the release's ModelConfig
-(``models.read``), which every preflight judgement in test/test_preflight.py
+(``models.read``), which every preflight judgement in test/preflight/test_check.py
 and test/releases runs; here the parts that need no sglang.
 """
 

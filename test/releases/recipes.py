@@ -17,12 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docblocks
+from tree_table import TREES
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(REPO / "test"), str(REPO / "tools")]
-
-import docblocks  # noqa: E402
-from tree_table import TREES  # noqa: E402
 
 NAME = "recipes"
 NODES = ("NVIDIA H200", "NVIDIA B200")
@@ -56,9 +55,9 @@ def row() -> str:
     env = {k: os.environ.pop(k) for k in ("SGLANG_PLUGINS", "SGLANG_ENABLE_DCP_DSPARK_PLUGIN") if k in os.environ}
     try:
         from sglang_dcp_dspark.core.compat import installed_sglang_version
-        from sglang_dcp_dspark.preflight.check import _applied_series
+        from sglang_dcp_dspark.preflight.resolution import applied_series
 
-        applied = _applied_series()
+        applied = applied_series()
         name = installed_sglang_version() + (" + " + ", ".join(applied) if applied else "")
         return f"| {name} | " + " | ".join(cell(node) for node in NODES) + " |"
     finally:

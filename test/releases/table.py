@@ -17,12 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docblocks
+from tree_table import TREES
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(REPO / "test"), str(REPO / "tools")]
-
-import docblocks  # noqa: E402
-from tree_table import TREES  # noqa: E402
 
 NAME = "releases"
 HEADER = ("| sglang | judged by (adapter, since) | verdict | draft plan and path | pinned per node | draft coverage |\n"

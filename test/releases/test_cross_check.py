@@ -15,6 +15,7 @@ from sglang_dcp_dspark.core import meta as meta_device
 from sglang_dcp_dspark.core.compat import parse_version
 from sglang_dcp_dspark.preflight import check as preflight
 from sglang_dcp_dspark.preflight import launch as launch_mod
+from sglang_dcp_dspark.preflight.resolution import read_models, resolve
 from tree_table import TREES
 from trees import TREE
 
@@ -33,10 +34,10 @@ def _launch(argv: list[str]):
     # trtllm_mla, which DeepSeek-V3 gets, are refused under DCP with a draft)
     argv = [*argv, "--attention-backend", "cutedsl_mla"]
     release, argv, configs = preflight.prepare(argv, NODE, 1024)
-    resolution = preflight.resolve(release, argv, NODE, configs["paths"], hooked=True)
+    resolution = resolve(release, argv, NODE, configs.paths, hooked=True)
     assert resolution.passed, resolution.message
     la = resolution.launch
-    return release, la, preflight.read_models(release, la, NODE, configs["paths"])
+    return release, la, read_models(release, la, NODE, configs.paths)
 
 
 def _figures(built) -> list[tuple]:

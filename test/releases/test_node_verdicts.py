@@ -27,7 +27,9 @@ from pathlib import Path
 import pytest
 
 from sglang_dcp_dspark import passes
+from sglang_dcp_dspark.plugin import hooks
 from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
+from tree_table import TREES
 from trees import TREE
 
 from .conftest import preflight
@@ -36,8 +38,18 @@ OFF = {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}
 PLAIN = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8"]
 DSPARK = [*PLAIN, "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
           "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
-SERIES_TREES = ("next-patched",)  # the tree whose own sglang carries 0011's refusal and 0012's verify
-FIXED_TREES = ("release-0.5.22", "next-stock", "next-patched", "next-plugin")  # the verify fix applies (hooks, series)
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(map(int, release.split(".")))
+
+
+# The trees whose own sglang carries upstream-next (0011's refusal, 0012's verify), and those where the verify fix
+# applies (the plugin's hooks from VERIFY_FIX_SINCE on, or the series): read from patches/trees.json, so a release
+# added there is judged here with no edit.
+SERIES_TREES = tuple(label for label, t in TREES.items() if t.expect.get("upstream-next") == "applied")
+FIXED_TREES = tuple(label for label, t in TREES.items()
+                    if _version(t.sglang) >= _version(hooks.VERIFY_FIX_SINCE))
 
 
 def _line(report: dict) -> str:
@@ -94,7 +106,7 @@ def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
     0012) or 0.5.22's and 0.5.23's hooked (the plugin): there PASSES, naming the fix and its evidence. Elsewhere, without the plugin, a
     broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache + DCP: its gate, exit 1);
     with the plugin, refused, naming the verify."""
-    evidence = "proven on CPU against a one-rank reference (tools/mla/verify_dcp.py), not yet run on a GPU"
+    evidence = "proven on CPU against a one-rank reference (tools/emulation/mla/verify_dcp.py), not yet run on a GPU"
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer", env=OFF)
     if TREE in SERIES_TREES:

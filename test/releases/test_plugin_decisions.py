@@ -20,7 +20,7 @@ from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 from sglang_dcp_dspark.plugin.hooks import overrides as overrides_hooks
 from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
 from sglang_dcp_dspark.plugin.hooks import server_args as server_args_hooks
-from sglang_dcp_dspark.plugin.hooks._common import Verdict
+from sglang_dcp_dspark.plugin.hooks.common import Verdict
 from tree_table import TREES
 from trees import TREE
 

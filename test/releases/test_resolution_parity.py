@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark.preflight import check
+from sglang_dcp_dspark.preflight import check, resolution
 from sglang_dcp_dspark.preflight.launch import Node
 from trees import TREE
 
@@ -30,8 +30,8 @@ PICKED = "DCP, no backend, H200"
 def resolutions(gpu: str, argv: list[str]):
     release, argv, configs = check.prepare(argv, Node.of_part(gpu), 100_000)
     node = Node.of_part(gpu)
-    stock = check.resolve(release, argv, node, configs["paths"], hooked=False)
-    hooked = check.resolve(release, argv, node, configs["paths"], hooked=True)
+    stock = resolution.resolve(release, argv, node, configs.paths, hooked=False)
+    hooked = resolution.resolve(release, argv, node, configs.paths, hooked=True)
     return stock, hooked
 
 

@@ -1,4 +1,4 @@
-"""The pass map (tools/passmap/generate.py): fresh for this run's tree, and able to see a wrong row.
+"""The pass map (``python -m emulation.passmap``, tools/emulation/passmap/): fresh for this run's tree, and able to see a wrong row.
 
 Each test runs the harness in a child process (Triton's interpreter must be switched on before Triton is
 imported, which an earlier test of the session may already have done), with PYTHONPATH on this run's tree.
@@ -15,23 +15,32 @@ from pathlib import Path
 
 import pytest
 
+from sglang_dcp_dspark.plugin import hooks
+from tree_table import TREES, VERSIONS
+
 # The map is generated on the stock release trees: 0.5.17 (the stock run, which takes all of test/) and the trees
 # patches/trees.json runs test/spec on.
 TREE = os.environ.get("DCP_DSPARK_TREE", "stock")
-MAP_TREES = ("stock", "upstream-0.5.18", "release-0.5.19", "release-0.5.20", "release-0.5.21", "release-0.5.22",
-             "next-stock")
+MAP_TREES = tuple(label for label, t in TREES.items() if label == "stock" or "test/spec" in t.test_dirs)
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(map(int, release.split(".")))
+
+
+MAPPED = sorted({TREES[label].sglang for label in MAP_TREES}, key=_version)
 on_a_mapped_tree = pytest.mark.skipif(
-    TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang 0.5.17 to 0.5.23 ({', '.join(MAP_TREES)}), not on {TREE}")
+    TREE not in MAP_TREES, reason=f"the pass map is generated on stock sglang {MAPPED[0]} to {MAPPED[-1]} ({', '.join(MAP_TREES)}), not on {TREE}")
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SCRIPT = REPO / "tools" / "passmap" / "generate.py"
-DATA = REPO / "tools" / "passmap" / "spec_passes.json"
+COMMAND = ("-m", "emulation.passmap")  # tools/ is on the path through the editable install
+DATA = REPO / "tools" / "emulation" / "passmap" / "spec_passes.json"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, *COMMAND, *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=600)
 
 
@@ -76,10 +85,12 @@ def test_schema() -> None:
     for probe in data["probes"]:
         assert set(probe) == {"release", "probe", "verdict", "detail", "where"}
         assert probe["verdict"] in verdicts and probe["detail"] and probe["where"]
-    # the verify with the fix (passmap.py --fix): flashinfer MLA's TARGET_VERIFY passes, under DCP only, on the
+    # the verify with the fix (python -m emulation.passmap --fix): flashinfer MLA's TARGET_VERIFY passes, under DCP only, on the
     # releases and carriers the fix is written for
+    since = _version(hooks.VERIFY_FIX_SINCE)
     assert {(r["release"], r["fix"]) for r in data["verify_fixed"]} == {
-        ("0.5.22", "plugin"), ("0.5.23", "plugin"), ("0.5.23", "upstream-next")}
+        *((release, "plugin") for release in MAPPED if _version(release) >= since),
+        (VERSIONS["next"], "upstream-next")}
     for record in data["verify_fixed"]:
         assert set(record) == {"release", "fix", "algorithm", "draft_class", "draft_backend_flag", "dcp", "rank",
                                "passes"}
@@ -95,9 +106,9 @@ def test_fresh_for_this_tree() -> None:
     data = json.loads(DATA.read_text(encoding="utf-8"))
     if not any(c["release"] == release for c in data["cases"]):
         pytest.fail(f"no committed pass-map entries for sglang {release}: run "
-                    f"PYTHONPATH=<tree> python tools/passmap/generate.py --write")
+                    f"PYTHONPATH=<tree> python -m emulation.passmap --write")
     assert _controls_run()["check"], (f"sglang {release}: the harness measures other verdicts than the committed "
-                                      f"map: run PYTHONPATH=<tree> python tools/passmap/generate.py --check / --write")
+                                      f"map: run PYTHONPATH=<tree> python -m emulation.passmap --check / --write")
 
 
 def _controls(name: str) -> list[dict]:

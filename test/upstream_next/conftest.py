@@ -95,7 +95,7 @@ def load_plugin_as_a_scheduler_does() -> dict:
 def _plugin_loaded(tree):
     if not PLUGIN:
         return
-    from sglang_dcp_dspark.plugin.hooks._common import Verdict
+    from sglang_dcp_dspark.plugin.hooks.common import Verdict
 
     findings = load_plugin_as_a_scheduler_does()
     got = {t: findings[t].verdict.value if t in findings else "not judged" for t in PLUGIN_TARGETS}

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import pools as P
+from emulation import rank_pools as P
 
 DCP_SIZES = (1, 2, 4, 8)
 BUDGETS_GB = (0.05, 1.0, 100.0)

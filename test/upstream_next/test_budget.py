@@ -6,7 +6,8 @@ from unittest import mock
 
 import pytest
 
-from . import pools as P
+from emulation import rank_pools as P
+
 from .conftest import series_only
 
 DCP_SIZES = (1, 2, 8)

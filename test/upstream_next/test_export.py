@@ -1,4 +1,4 @@
-"""upstream-next on a copy of stock sglang 0.5.23: apply and revert (its DEP-3 fields and re-export: test/test_export.py)."""
+"""upstream-next on a copy of stock sglang 0.5.23: apply and revert (its DEP-3 fields and re-export: test/cli/test_export.py)."""
 
 from __future__ import annotations
 

@@ -20,10 +20,9 @@ from unittest import mock
 
 import pytest
 
+from emulation import rank_pools as P
 from sglang_dcp_dspark.core import rules
-from sglang_dcp_dspark.plugin.hooks import _common as hook_common
-
-from . import pools as P
+from sglang_dcp_dspark.plugin.hooks import common as hook_common
 
 BUDGETS_GB = (0.05, 1.0, 100.0)
 # The geometry of the 0.5.17 parity test (test/regression/test_rules_parity.py): the same pools.

@@ -6,7 +6,7 @@ import argparse
 
 from ..core.compat import locate_tree
 from ..series import patching
-from ._args import DEFAULT_SERIES, add_series_choice, add_target, chosen_series, print_report
+from .common import DEFAULT_SERIES, add_series_choice, add_target, chosen_series, print_outcome
 
 
 def add_parser(sub) -> None:
@@ -18,5 +18,5 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     tree = locate_tree(args.target)
-    print_report(patching.apply(tree, chosen_series(args, DEFAULT_SERIES)))
+    print_outcome(patching.apply(tree, chosen_series(args, DEFAULT_SERIES)))
     return 0

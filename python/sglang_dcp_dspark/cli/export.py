@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..series import maintain
-from ._args import DEFAULT_SERIES
+from .common import DEFAULT_SERIES
 
 
 def add_parser(sub) -> None:

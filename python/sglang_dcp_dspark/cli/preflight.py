@@ -16,6 +16,7 @@ from ..core.errors import DcpDsparkError
 from ..preflight import check as preflight
 from ..preflight import gpus
 from ..preflight import sweep as sweep_mod
+from ..preflight import verdict as verdict_mod
 from ..preflight.launch import FIX_PREFLIGHT, Node
 
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     except DcpDsparkError as exc:
         if args.json:
             # The same verdict on stdout for a script; the one-line error still goes to stderr.
-            print(json.dumps({"verdict": preflight.verdict_of(exc.exit_code, str(exc)).as_dict(), "error": str(exc)}, indent=2))
+            print(json.dumps({"verdict": verdict_mod.of_error(exc.exit_code, str(exc)).as_dict(), "error": str(exc)}, indent=2))
             exc.reported = True  # main prints the error line only
         raise
     print(json.dumps(report.as_dict(), indent=2, default=str) if args.json else report_mod.render(report))

@@ -6,7 +6,7 @@ import argparse
 
 from ..core.compat import locate_tree
 from ..series import patching
-from ._args import add_series_choice, add_target, chosen_series, print_note, print_report
+from .common import add_series_choice, add_target, chosen_series, print_note, print_outcome
 
 
 def add_parser(sub) -> None:
@@ -20,9 +20,9 @@ def run(args: argparse.Namespace) -> int:
     tree = locate_tree(args.target)
     chosen = chosen_series(args, None)
     if chosen is not None:
-        print_report(patching.revert(tree, chosen))
+        print_outcome(patching.revert(tree, chosen))
         return 0
     print_note(patching.recover(tree, action="revert"))
-    for line in patching.revert_found(tree):
-        print(line)
+    for outcome in patching.revert_found(tree):
+        print_outcome(outcome)
     return 0

@@ -13,7 +13,7 @@ from .. import series as series_mod
 from ..core.compat import locate_tree
 from ..plugin.status import status_line
 from ..series import patching
-from ._args import add_target, print_note
+from .common import add_target, print_note
 
 
 def add_parser(sub) -> None:

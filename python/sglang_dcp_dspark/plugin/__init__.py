@@ -2,11 +2,13 @@
 
 Entry point ``dcp_dspark`` in the ``sglang.srt.plugins`` group; sglang's
 ``load_plugins()`` calls :func:`register` in the launcher, the Engine and every
-scheduler process. This module does one job: it registers the entries of the
-one hook table (:data:`hooks.HOOKS`, which preflight reads too) with sglang's
-``HookRegistry`` when their sglang module is imported, and says what it
-decided (:mod:`decisions`). What each hook does lives in its carrier under
-:mod:`hooks`; what ``status`` says of the plugin, in :mod:`commands.status`.
+scheduler process. This module does one job: when sglang imports the module an
+entry of the one hook table sits on (:data:`hooks.HOOKS`, which preflight reads
+too), it asks the entry's one decision (:meth:`hooks.Hook.decide`), registers
+the AROUND hook that decision names with sglang's ``HookRegistry``, and logs
+the decision's line (:mod:`decisions`). What each hook does lives in its
+carrier under :mod:`hooks`; what ``status`` says of the plugin, in
+:mod:`status`.
 
 Each hook is registered only after asking the code it would patch how it
 behaves (the "probes"): a resolver that already admits DSPARK, or a
@@ -34,14 +36,13 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
-import logging
 import sys
 from collections.abc import Callable
 
 from . import decisions, switch
-from .hooks import BY_TARGET, HOOKS, Hook
+from .hooks import HOOKS, Decision, Hook
 
-__all__ = ["HOOKS", "register"]
+__all__ = ["HOOKS", "install", "register"]
 
 PLUGIN_NAME = switch.PLUGIN_NAME
 
@@ -57,53 +58,77 @@ _source = None
 # ------------------------------------------------------------------ register
 
 
-def _exists(target: str) -> bool:
-    import pkgutil
-
-    try:
-        pkgutil.resolve_name(target)
-    except Exception:
-        return False
-    return True
-
-
-def _judge(target: str, judge: Callable):
-    from .hooks._common import by_version
-
-    try:
-        return judge()
-    except Exception as exc:  # a probe never breaks sglang's import
-        return by_version(target, f"probe raised {type(exc).__name__}: {exc}")
-
-
-def _decide(target: str, judge: Callable, hook: Callable, check_only: Callable | None = None) -> None:
-    """Judge one target, register its hook if it needs one, and say so (see :mod:`decisions`)."""
-    if target in findings:  # register() is re-entrant: decide and log once per process
+def register() -> None:
+    """Entry point for sglang's ``load_plugins()``; safe to call more than once."""
+    global active, _source
+    state = switch.switch_state()
+    if not state.enabled:
+        if active is None:
+            # Registers nothing, so the line goes out now: at WARNING, Python
+            # writes it to stderr before any logging setup.
+            decisions.loud.warning("%s: plugin off (%s); no sglang code is hooked", PLUGIN_NAME, state.reason)
+        active = False
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    active = True
+    if _source is None:
+        try:
+            from sglang.srt.plugins import hook_registry
 
-    from .hooks._common import Verdict
+            _source = hook_registry._current_plugin_source.get()
+        except Exception:  # attribution only
+            pass
+    decisions.watch()
+    for module in dict.fromkeys(hook.module for hook in HOOKS):
+        _when_imported(module, functools.partial(_install_module, module))
 
-    finding = _judge(target, judge)
-    findings[target] = finding
-    if finding.verdict is Verdict.NEEDS_FIX:
-        HookRegistry.register(target, hook, HookType.AROUND, source=_source)
-        entry = BY_TARGET.get(target)
-        if entry is not None:
-            entry.installed()
-        does = f"; the hook {entry.does}" if entry is not None else ""
-        decisions.say(logging.INFO, f"{PLUGIN_NAME}: hooked {target}: {finding.detail}{does}")
-    elif finding.verdict in (Verdict.FIXED, Verdict.OUT_OF_SCOPE):
-        decisions.say(logging.INFO, f"{PLUGIN_NAME}: left {target} alone ({finding.verdict.value}): {finding.detail}")
-    elif check_only is not None and _exists(target):
-        HookRegistry.register(target, check_only, HookType.AROUND, source=_source)
-        decisions.say(
-            logging.WARNING,
-            f"{PLUGIN_NAME}: code not recognised, check-only hook on {target}: sglang's own sizing runs and "
-            f"startup stops if the draft host pool is short: {finding.detail}",
-        )
-    else:
-        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {finding.detail}")
+
+def _install_module(module: str, late: bool) -> None:
+    # Every entry on the module, in table order (an entry may follow an earlier one's verdict).
+    for hook in HOOKS:
+        if hook.module == module:
+            install(hook, late=late)
+
+
+def install(hook: Hook, *, late: bool = False) -> None:
+    """Decide one table entry on this release and do what the decision says: register its AROUND hook, if it
+    names one, with sglang's HookRegistry, and log its line.
+
+    Called when sglang imports ``hook.module``, inside that import: nothing
+    may escape. Re-entrant: an entry is decided and logged once per process
+    (:data:`findings`). ``late``: the module was imported after
+    ``load_plugins()`` applied the registered hooks, so they are applied again.
+    """
+    try:
+        if hook.target not in findings:
+            decision = hook.decide()
+            findings[hook.target] = decision.finding
+            if decision.around is not None:
+                from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+                HookRegistry.register(hook.target, decision.around, HookType.AROUND, source=_source)
+                if decision.hooked:
+                    hook.installed()
+            _say(decision)
+        if late:
+            _apply_late()
+    except Exception as exc:
+        decision = Decision.raised(hook, exc)
+        findings.setdefault(hook.target, decision.finding)
+        _say(decision)
+
+
+def _say(decision: Decision) -> None:
+    level, line = decision.line
+    decisions.say(level, f"{PLUGIN_NAME}: {line}")
+
+
+def _apply_late() -> None:
+    # load_plugins() applied hooks before this module was imported; apply
+    # again (a no-op for targets already patched). Not done in the normal
+    # path, where it could run before other plugins add hooks to a target.
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.apply_hooks()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -137,80 +162,3 @@ def _when_imported(name: str, callback: Callable[[bool], None]) -> None:
         callback(False)
     elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport(name, lambda: callback(True)))
-
-
-def _apply_late(late: bool) -> None:
-    if late:
-        # load_plugins() applied hooks before this module was imported; apply
-        # again (a no-op for targets already patched). Not done in the normal
-        # path, where it could run before other plugins add hooks to a target.
-        from sglang.srt.plugins.hook_registry import HookRegistry
-
-        HookRegistry.apply_hooks()
-
-
-def _hook(target: str, judge: Callable, hook: Callable, late: bool, check_only: Callable | None = None) -> None:
-    # Runs inside sglang's import of the target module: nothing may escape.
-    try:
-        _decide(target, judge, hook, check_only)
-        _apply_late(late)
-    except Exception as exc:
-        from .hooks._common import Finding, Verdict
-
-        findings.setdefault(target, Finding(target, Verdict.UNRECOGNISED, f"{type(exc).__name__}: {exc}"))
-        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {target} alone: {type(exc).__name__}: {exc}")
-
-
-def register() -> None:
-    """Entry point for sglang's ``load_plugins()``; safe to call more than once."""
-    global active, _source
-    state = switch.switch_state()
-    if not state.enabled:
-        if active is None:
-            # Registers nothing, so the line goes out now: at WARNING, Python
-            # writes it to stderr before any logging setup.
-            decisions.loud.warning("%s: plugin off (%s); no sglang code is hooked", PLUGIN_NAME, state.reason)
-        active = False
-        return
-    active = True
-    if _source is None:
-        try:
-            from sglang.srt.plugins import hook_registry
-
-            _source = hook_registry._current_plugin_source.get()
-        except Exception:  # attribution only
-            pass
-    decisions.watch()
-    for module in dict.fromkeys(hook.module for hook in HOOKS):
-        _when_imported(module, functools.partial(_hook_module, module))
-
-
-def _hook_module(module: str, late: bool) -> None:
-    # Every entry on the module, in table order (an entry may follow an earlier one's verdict).
-    for hook in HOOKS:
-        if hook.module == module:
-            _hook_from_table(hook, late)
-
-
-def _hook_from_table(hook: Hook, late: bool) -> None:
-    # The entry is judged now, when sglang imports the module; this runs inside
-    # that import, so nothing may escape.
-    if not _exists(hook.target):
-        # Nothing to hook, and nothing a check-only hook could sit on: said without running the judge.
-        from .hooks._common import Finding, Verdict
-
-        owner, name = hook.target.rsplit(".", 1)
-        if hook.target not in findings:
-            findings[hook.target] = Finding(hook.target, Verdict.OUT_OF_SCOPE, f"{owner} has no {name} in this release; nothing to hook")
-            decisions.say(logging.INFO, f"{PLUGIN_NAME}: left {hook.target} alone ({Verdict.OUT_OF_SCOPE.value}): "
-                                        f"{findings[hook.target].detail}")
-        return
-    try:
-        around, check_only = hook.hook, hook.check_only()
-    except Exception as exc:
-        from .hooks._common import Finding, Verdict
-
-        findings.setdefault(hook.target, Finding(hook.target, Verdict.UNRECOGNISED, f"{type(exc).__name__}: {exc}"))
-        decisions.say(logging.WARNING, f"{PLUGIN_NAME}: code not recognised, left {hook.target} alone: {type(exc).__name__}: {exc}")
-        return
-    _hook(hook.target, hook.judged, around, late, check_only)

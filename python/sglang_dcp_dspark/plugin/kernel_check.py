@@ -1,6 +1,6 @@
 """The verify under DCP checked on the kernel it will run, once per process, before the first DCP verify.
 
-The verify's proof (``tools/mla/verify_dcp.py``) runs on CPU, with a reference
+The verify's proof (``tools/emulation/mla/verify_dcp.py``) runs on CPU, with a reference
 of flashinfer's ``BatchMLAPagedAttentionWrapper`` written from its documented
 contract. It rests on assumptions that contract does not spell out in full. If
 one is false on a GPU, the plugin would admit a launch and serve wrong tokens

@@ -12,7 +12,7 @@ family) answers from that capability, as on a CUDA 12.8 machine.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..core.errors import DcpDsparkError
 
@@ -61,15 +61,39 @@ def part(name: str) -> Part:
                          f"{known} (the node's architecture decides sglang's attention backends); fix: {FIX}")
 
 
-def facts(capability: tuple[int, int]) -> dict[str, object]:
-    """sglang's platform facts on a CUDA node of this capability (``runtime_context._PLATFORM_PROBES`` names)."""
+@dataclass(frozen=True)
+class Facts:
+    """sglang's platform facts on a CUDA node, each named as ``runtime_context._PLATFORM_PROBES`` names it."""
+
+    is_sm90: bool
+    is_sm100: bool
+    is_sm100_or_sm110: bool
+    is_sm110: bool
+    is_sm120: bool
+    is_blackwell: bool
+    is_hopper_with_cuda_12_3: bool
+    is_ampere_with_cuda_12_3: bool
+    device_sm: int
+    device_capability: tuple[int, int]
+    is_cuda: bool = True
+    is_hip: bool = False
+    is_npu: bool = False
+    is_xpu: bool = False
+    is_musa: bool = False
+    is_mps: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def facts(capability: tuple[int, int]) -> Facts:
+    """sglang's platform facts on a CUDA node of this capability."""
     major, minor = capability
-    return {
-        "is_cuda": True, "is_hip": False, "is_npu": False, "is_xpu": False, "is_musa": False, "is_mps": False,
-        "is_sm90": major == 9, "is_sm100": major == 10, "is_sm100_or_sm110": major in (10, 11), "is_sm110": major == 11,
-        "is_sm120": major == 12, "is_blackwell": major in (10, 11, 12), "is_hopper_with_cuda_12_3": major == 9,
-        "is_ampere_with_cuda_12_3": major == 8, "device_sm": major * 10 + minor, "device_capability": (major, minor),
-    }
+    return Facts(
+        is_sm90=major == 9, is_sm100=major == 10, is_sm100_or_sm110=major in (10, 11), is_sm110=major == 11,
+        is_sm120=major == 12, is_blackwell=major in (10, 11, 12), is_hopper_with_cuda_12_3=major == 9,
+        is_ampere_with_cuda_12_3=major == 8, device_sm=major * 10 + minor, device_capability=(major, minor),
+    )
 
 
 # sglang.srt.utils' architecture probes and the fact each answers (the functions ``PlatformContext`` reads, and the

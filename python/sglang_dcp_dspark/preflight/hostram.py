@@ -51,6 +51,13 @@ class HostRam:
     def fits(self) -> bool:
         return self.needed_per_node <= self.available - self.reserve
 
+    def as_dict(self) -> dict:
+        """The ``--json`` form (the stops are the sizing's ``startup_stops``, in the verdict's words)."""
+        return {"needed_per_rank": self.needed_per_rank, "needed_per_node": self.needed_per_node,
+                "budget_per_rank": self.budget_per_rank, "available": self.available,
+                "available_from": self.available_from, "reserve": self.reserve, "fits": self.fits,
+                "startup_error": self.startup_error}
+
 
 def judge(built, *, ranks_per_node: int, available: int, available_from: str, reserve: int,
           hicache_size_gb: float, device_rows: int | None = None) -> HostRam:
@@ -60,18 +67,17 @@ def judge(built, *, ranks_per_node: int, available: int, available_from: str, re
     if target is not None and draft is not None and built.draft_plan != "PACKED":
         coverage = rules.coverage(draft.logical_slots, target.logical_slots)
     needed = rules.per_node(per_rank, ranks_per_node)
-    stops = []
-    if built.startup_error:
-        stops.append(Stop("pool-build", error=built.startup_error))
-    if coverage is not None and not rules.covers(draft.logical_slots, target.logical_slots):
-        stops.append(Stop("coverage", coverage=coverage))
-    if per_rank and needed > available - reserve:
-        stops.append(Stop("ram", needed=needed, left=available - reserve))
+    short = coverage is not None and not rules.covers(draft.logical_slots, target.logical_slots)
+    stops = tuple(stop for stop in (
+        Stop("pool-build", error=built.startup_error) if built.startup_error else None,
+        Stop("coverage", coverage=coverage) if short else None,
+        Stop("ram", needed=needed, left=available - reserve) if per_rank and needed > available - reserve else None,
+    ) if stop is not None)
     return HostRam(
         needed_per_rank=per_rank, needed_per_node=needed, ranks_per_node=ranks_per_node,
         available=available, available_from=available_from, reserve=reserve,
         budget_per_rank=int(hicache_size_gb * rules.GB) if hicache_size_gb else None, coverage=coverage,
-        startup_error=built.startup_error, stops=tuple(stops),
+        startup_error=built.startup_error, stops=stops,
         host_rows=target.rows if target is not None else None, device_rows=device_rows,
     )
 

@@ -104,6 +104,12 @@ class Launch:
         return self.page_size * self.dcp_size
 
 
+def dcp_size(value) -> int:
+    """``--dcp-size`` as sglang parsed or resolved it, the one reading of it: 1 where it is unset, else its value
+    (0 and below stay what they are, for sglang's refusal and preflight's range check to see)."""
+    return 1 if value is None else int(value)
+
+
 @dataclass
 class Resolution:
     """sglang's verdict on the launch: the resolved launch, or its own refusal."""
@@ -151,7 +157,7 @@ class _Probe:
 
     def __call__(self, *args, **kwargs):
         if _ACTIVE:
-            return gpus_mod.facts(_ACTIVE[-1].capability)[self.fact]
+            return getattr(gpus_mod.facts(_ACTIVE[-1].capability), self.fact)
         return self.original(*args, **kwargs)
 
     def cache_clear(self) -> None:  # the originals are lru_cache-d; sglang's tests clear them
@@ -185,8 +191,8 @@ def _platform_object(node: Node):
     if override is None or known is None:
         return contextlib.nullcontext()
     names = set(known) | set(getattr(runtime_context, "_PLATFORM_VALUES", {}))
-    facts = {k: v for k, v in {**gpus_mod.facts(node.capability), "has_flashinfer": True}.items() if k in names}
-    return override(**facts)
+    facts = gpus_mod.facts(node.capability).as_dict() | {"has_flashinfer": True}
+    return override(**{name: value for name, value in facts.items() if name in names})
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import json
 import re
 
 from .hostram import gib
-from .result import NoPools
+from .result import NoPools, Report
 
 # The chart's setups, in legend order; docs/preflight.md ("Sweeps") says what each one is.
 SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
@@ -172,11 +172,11 @@ def render_sweep(result) -> str:
     out = [f"preflight sweep of {result.flag} on sglang {result.release} ({len(result.rows)} launches, sglang imported once)", ""]
     out.append(f"  {result.flag:<14} {'target tokens in host':>22} {'draft pinned/node':>18} {'pinned/node':>14}  verdict")
     for row in result.rows:
-        sizing = row.report.sizing
-        pools = getattr(sizing, "pools", ())
+        sizing = row.sizing
+        pools = sizing.pools if sizing is not None else ()
         target = sizing.target if pools else None
         draft = sum(p.per_node_bytes for p in pools if p.role == "draft")
-        ram = getattr(sizing, "host_ram", None)
+        ram = sizing.host_ram if sizing is not None else None
         verdict = row.report.verdict
         tokens = f"{target.logical_slots:,}" if target else "-"
         out.append(f"  {row.value:<14} {tokens:>22} {gib(draft) if pools else '-':>18} {gib(ram.needed_per_node) if ram is not None else '-':>14}  "
@@ -204,7 +204,7 @@ def chart_data(result) -> dict:
         for name in SETUPS:
             v = row.variants.get(name)
             series[name].append(None if v is None or v.per_node is None else round(v.per_node / 2**30, 2))
-    ram = next((r.report.sizing.host_ram for r in result.rows if getattr(r.report.sizing, "host_ram", None)), None)
+    ram = next((r.sizing.host_ram for r in result.rows if r.sizing is not None), None)
     return {"release": result.release, "flag": result.flag, "values": [r.value for r in result.rows],
             "pinned_gib_per_node": series,
             "from": {name: next((r.variants[name].source for r in result.rows if r.variants.get(name)), None)
@@ -218,7 +218,7 @@ def chart_data(result) -> dict:
 def label_of(name: str, result) -> str:
     """A chart line's label: what the setup is, on this release."""
     if name == "stock":
-        rejected = [r.value for r in result.rows if hasattr(r.report, "stock") and not r.report.stock.passed]
+        rejected = [r.value for r in result.rows if isinstance(r.report, Report) and not r.report.stock.passed]
         where = f" (rejects {result.flag} {', '.join(rejected)})" if rejected else ""
         return f"stock sglang {result.release}{where}"
     return {"0.5.18+": "with the fix, --hicache-size for the target alone (0.5.18 on)",

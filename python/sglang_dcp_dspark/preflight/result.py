@@ -9,7 +9,7 @@ that form.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..passes import Judgement
 from .hostram import HostRam
@@ -162,23 +162,21 @@ class Sizing:
         return tuple(stop_sentence(s, estimated=self.device_rows_estimated) for s in self.host_ram.stops)
 
     def as_dict(self) -> dict:
-        ram = self.host_ram
-        out = {name: getattr(self, name) for name in (
-            "device_rows", "device_rows_note", "device_rows_estimated", "device_rows_max", "dcp_size", "page_size",
-            "logical_page_size", "target_kv", "draft_kv", "draft_architecture", "ranks_per_node", "draft_plan",
-            "draft_path", "hicache_ratio", "auto_sized_from", "target_hicache_size")}
-        out["pools"] = [p.as_dict() for p in self.pools]
-        out["stock_pools"] = None if self.stock_pools is None else [p.as_dict() for p in self.stock_pools]
-        out["stock_startup_error"] = self.stock_startup_error
-        out["draft_coverage"], out["draft_coverage_stock"] = self.draft_coverage, self.draft_coverage_stock
-        out["backups"] = None if self.backups is None else {k: b.as_dict() for k, b in self.backups.items()}
-        out["variants"] = None if self.variants is None else {k: v.as_dict() for k, v in self.variants.items()}
-        out["host_ram"] = {"needed_per_rank": ram.needed_per_rank, "needed_per_node": ram.needed_per_node,
-                           "budget_per_rank": ram.budget_per_rank, "available": ram.available,
-                           "available_from": ram.available_from, "reserve": ram.reserve, "fits": ram.fits,
-                           "startup_error": ram.startup_error}
+        """Every field in its order, each typed one in its own JSON form, then the stops it leads to."""
+        out = {f.name: _json(getattr(self, f.name)) for f in fields(self)}
         out["startup_stops"] = list(self.startup_stops)
         return out
+
+
+def _json(value):
+    """A field in the ``--json`` form: a typed value's own ``as_dict``, its pools and setups likewise."""
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if isinstance(value, tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
@@ -186,8 +184,6 @@ class NoPools:
     """A launch without HiCache: no host pools to size, and why."""
 
     skipped: str
-    startup_stops: tuple[str, ...] = ()
-    variants = None
 
     def as_dict(self) -> dict:
         return {"skipped": self.skipped}
@@ -205,19 +201,34 @@ class Report:
     plugin: Plugin
     stock: Outcome
     with_plugin: Outcome
-    passed: bool
-    message: str | None
     sglang_warnings: tuple[str, ...]
     attention_backends: Backends
     passes: Judgement
     verdict: Verdict
     resolved: dict | None = None
     sizing: Sizing | NoPools | None = None
-    admitted: bool = True
+
+    @property
+    def as_run(self) -> Outcome:
+        """The resolution the launch runs as: with the plugin where sglang's load_plugins() runs it, else stock."""
+        return self.with_plugin if self.plugin.enabled else self.stock
+
+    @property
+    def passed(self) -> bool:
+        return self.as_run.passed
+
+    @property
+    def message(self) -> str | None:
+        return self.as_run.message
+
+    @property
+    def admitted(self) -> bool:
+        """The sizing is the launch as it runs (False: as it would run if the refusing side admitted it)."""
+        return self.as_run.passed
 
     @property
     def startup_stops(self) -> tuple[str, ...]:
-        return self.sizing.startup_stops if self.sizing is not None else ()
+        return self.sizing.startup_stops if isinstance(self.sizing, Sizing) else ()
 
     def as_dict(self) -> dict:
         out = {"release": self.release.as_dict(), "launch": list(self.launch),
@@ -239,7 +250,6 @@ class Refused:
     """A sweep's value that preflight refused as input (or failed on): its verdict alone."""
 
     verdict: Verdict
-    sizing = None
 
     def as_dict(self) -> dict:
         return {"verdict": self.verdict.as_dict()}
@@ -251,8 +261,14 @@ class SweepRow:
     report: Report | Refused
 
     @property
+    def sizing(self) -> Sizing | None:
+        """The row's host pools, where its launch was judged and has some."""
+        sizing = self.report.sizing if isinstance(self.report, Report) else None
+        return sizing if isinstance(sizing, Sizing) else None
+
+    @property
     def variants(self) -> dict[str, Setup]:
-        return (self.report.sizing.variants if self.report.sizing is not None else None) or {}
+        return (self.sizing.variants if self.sizing is not None else None) or {}
 
     def as_dict(self) -> dict:
         return {"value": self.value, "report": self.report.as_dict(),

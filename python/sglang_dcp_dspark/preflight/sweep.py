@@ -62,7 +62,7 @@ def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, 
         try:
             report = preflight.judge(release, varied, node, device_rows, configs, variants=True)
         except DcpDsparkError as exc:
-            report = result.Refused(preflight.verdict_of(exc.exit_code, str(exc)))
+            report = result.Refused(verdict_mod.of_error(exc.exit_code, str(exc)))
         rows.append(result.SweepRow(value, report))
     worst = verdict_mod.worst(r.report.verdict.code for r in rows)
     return result.Sweep(name, flag, release.version, tuple(argv), tuple(rows),

@@ -431,6 +431,19 @@ def passes(facts: Facts) -> Verdict:
                    checked_clause(judged) if judged.dcp > 1 else "", "", evidence_of(judged), ())
 
 
+def of(code: int, facts: Facts, stop=None, advice: Advice | None = None) -> Verdict:
+    """The verdict of a judged launch whose exit code is ``code``; ``stop``: what stops it at startup (exit 3)."""
+    if code == REJECTED:
+        return rejected(facts, advice)
+    if code == STOPS:
+        return stops(facts, stop, advice)
+    if code == BROKEN_PASS:
+        return broken(facts, advice)
+    if code == UNCHECKED:
+        return unchecked(facts, advice)
+    return passes(facts)
+
+
 def verify_source(evidence: str) -> str:
     if "upstream-next" in evidence:
         return "upstream-next 0012"

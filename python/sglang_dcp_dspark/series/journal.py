@@ -73,7 +73,7 @@ class _Stop(Exception):
     """A held signal arrived: stop moving files and put the tree back."""
 
 
-class _HeldSignals:
+class HeldSignals:
     """SIGINT and SIGTERM noted instead of acted on while the tree is between two consistent states.
 
     Python runs handlers between bytecodes of the main thread, so a handler
@@ -85,7 +85,7 @@ class _HeldSignals:
         self.pending: int | None = None
         self._old: dict[int, object] = {}
 
-    def __enter__(self) -> _HeldSignals:
+    def __enter__(self) -> HeldSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._old[signum] = signal.signal(signum, self._hold)
@@ -209,7 +209,10 @@ def _clean_tmp(root: Path, rel: str) -> None:
             stray.unlink()
 
 
-def _write_journal(root: Path, changes: list[Change], action: str, series: str, held: _HeldSignals) -> Path:
+def write_journal(root: Path, changes: list[Change], action: str, series: str, held: HeldSignals | None = None) -> Path:
+    """The journal of ``changes`` (each file's before and after, and the record), renamed into place whole: what
+    a kill leaves for :func:`recover`. ``held``: the signals held meanwhile, checked between files."""
+    held = held if held is not None else HeldSignals()
     new = Path(tempfile.mkdtemp(prefix=_NEW, dir=root))
     try:
         entries = []
@@ -243,7 +246,7 @@ def _discard(journal: Path) -> None:
     shutil.rmtree(journal, ignore_errors=True)
 
 
-def _move(root: Path, journal: Path, entries: list[dict], side: str, held: _HeldSignals | None = None) -> int:
+def _move(root: Path, journal: Path, entries: list[dict], side: str, held: HeldSignals | None = None) -> int:
     """Put every file of the journal on ``side``; returns how many had to move."""
     moved = 0
     for i, entry in enumerate(entries):
@@ -338,9 +341,9 @@ def commit(root: Path, changes: list[Change], *, action: str, series: str, verb:
                 f"the tree was changed; fix: rerun sglang-dcp-dspark {verb}"
             )
     size = sum(len(c.before or b"") + len(c.after or b"") for c in changes)
-    with _HeldSignals() as held:
+    with HeldSignals() as held:
         try:
-            journal = _write_journal(root, changes, action, series, held)
+            journal = write_journal(root, changes, action, series, held)
         except OSError as exc:
             raise _io_error(exc, root, verb, "nothing in the tree was changed", size) from None
         except _Stop:
@@ -421,7 +424,7 @@ def recover(root: Path, *, intent: tuple[str, str | None] | None = None) -> str 
     forward = intent is not None and intent[0] == action and intent[1] in (None, series)
     side = "after" if forward else "before"
     done = sum(digest_of(root / e["path"]) == e["after"] for e in entries)
-    with _HeldSignals() as held:
+    with HeldSignals() as held:
         try:
             _move(root, journal, entries, side)
             _discard(journal)

@@ -284,21 +284,25 @@ def _first_failing(staging: Staging, patches) -> tuple[Patch, str]:
     return patches[-1], "unknown failure"
 
 
-def _with_note(note: str | None, line: str) -> str:
-    return f"{note}\n{line}" if note else line
+@dataclass(frozen=True)
+class Outcome:
+    """What ``apply`` or ``revert`` did to a tree, in one line; ``note``: the line of the killed run it finished or
+    undid first (None: there was none)."""
+
+    line: str
+    note: str | None = None
 
 
-def _locked(action: str, body: Callable[[SglangTree, Series], str], tree: SglangTree, series: Series) -> str:
-    """``body`` under the tree's journal lock, after recovering whatever a killed run left; the recovery's line, if
-    any, comes first."""
+def _locked(action: str, body: Callable[[SglangTree, Series], str], tree: SglangTree, series: Series) -> Outcome:
+    """``body`` under the tree's journal lock, after recovering whatever a killed run left."""
     require_git()
     with journal.locked(tree.root):
         note = recover(tree, action=action, series=series.name)
-        return _with_note(note, body(tree, series))
+        return Outcome(body(tree, series), note)
 
 
-def apply(tree: SglangTree, series: Series) -> str:
-    """Apply the rest of a series; returns a one-line report (two after recovering a killed run)."""
+def apply(tree: SglangTree, series: Series) -> Outcome:
+    """Apply the rest of a series; its line (and the recovery's, after a killed run)."""
     return _locked("apply", _apply, tree, series)
 
 
@@ -340,8 +344,8 @@ def _apply(tree: SglangTree, series: Series) -> str:
     return f"{series.name}: applied {len(pending)} patch(es) to {tree.describe()}"
 
 
-def revert(tree: SglangTree, series: Series) -> str:
-    """Undo whatever part of a series is in the tree; returns a one-line report (two after recovering)."""
+def revert(tree: SglangTree, series: Series) -> Outcome:
+    """Undo whatever part of a series is in the tree; its line (and the recovery's, after a killed run)."""
     return _locked("revert", _revert, tree, series)
 
 
@@ -373,7 +377,7 @@ def _revert(tree: SglangTree, series: Series) -> str:
 
 
 def revert_found(tree: SglangTree):
-    """``revert`` with no series named: undo every series found in the tree, yielding one line each.
+    """``revert`` with no series named: undo every series found in the tree, yielding one :class:`Outcome` each.
 
     A series meant for this release whose files match neither side is an
     error, not something to skip in silence; it is raised after the others
@@ -396,4 +400,4 @@ def revert_found(tree: SglangTree):
             f"fix: {tree.restore_hint(str(conflicts[0].applies_to))}"
         )
     if not reverted:
-        yield f"nothing to revert: no series is applied to {tree.describe()}"
+        yield Outcome(f"nothing to revert: no series is applied to {tree.describe()}")

@@ -36,8 +36,8 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from . import Hook
-from ._common import Finding, Verdict, first_call, unhooked
+from .common import Finding, Verdict, first_call, unhooked
+from .entry import FORWARD_STAGE, Hook
 
 MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 METADATA = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata"
@@ -343,18 +343,21 @@ _VERIFY_DROP = "upstream plans the verify under DCP on flashinfer MLA itself"
 HOOKS = (
     Hook(
         module=MODULE, target=METADATA, judge=verify_verdict, hook=plan_verify_eager,
+        stage=FORWARD_STAGE,
         does="plans an eager verify under DCP split: the committed prefix once per request, the window per draft "
              "token, this rank's keys, heads x dcp, ids built on the device; checks the kernel first",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
     ),
     Hook(
         module=MODULE, target=GRAPH, judge=same_verdict, hook=plan_verify_graph,
+        stage=FORWARD_STAGE,
         does="captures a verify graph under DCP on a prefix wrapper bound to stock's graph buffers and a window "
              "wrapper of one row per draft token, and plans both at each replay",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
     ),
     Hook(
         module=MODULE, target=FORWARD, judge=same_verdict, hook=verify_with_lse,
+        stage=FORWARD_STAGE,
         does="runs a verify's two sides under DCP and returns their merge, (out, lse), the neutral partial for a "
              "query this rank holds no key of",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",

@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 
-from . import Hook
-from ._common import Finding, Overlay, Verdict, first_call, probing, unhooked
+from .common import Finding, Overlay, Verdict, first_call, probing, unhooked
+from .entry import POOLS_STAGE, Hook
 
 MODULE = "sglang.srt.mem_cache.hicache_auto_size"
 DRAFT_BYTES = f"{MODULE}._draft_bytes"
@@ -112,6 +112,7 @@ def note_sidecar_drafts(original: Callable, params, draft_plan=None, *args, **kw
 HOOKS = (
     Hook(
         module=MODULE, target=DRAFT_BYTES, judge=auto_size_verdict, hook=price_logical_rows,
+        stage=POOLS_STAGE,
         does="prices the draft sidecar at dcp_size rows per target row in the auto-size estimate",
         why="sglang's auto-sizing prices the draft sidecar at one row per target row; under DCP it pins dcp_size, "
             "so the estimate admits host pools the node cannot hold",
@@ -121,6 +122,7 @@ HOOKS = (
     ),
     Hook(
         module=MODULE, target=ESTIMATE, judge=estimate_verdict, hook=note_sidecar_drafts,
+        stage=POOLS_STAGE,
         does="tells the _draft_bytes hook which drafts are sidecars: packed layers stay at one row per target row",
         why="only a sidecar draft spans the logical slots; a draft packed into the target's layout keeps one row "
             "per target row, and the _draft_bytes hook cannot tell the two apart",

@@ -30,8 +30,8 @@ import logging
 from collections.abc import Callable
 
 from ...core import rules
-from . import Hook
-from ._common import Finding, Verdict, first_call, probing, unhooked
+from .common import Finding, Verdict, first_call, probing, unhooked
+from .entry import POOLS_STAGE, Hook
 
 MODULE = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 KV_ONLY_STACK = f"{MODULE}.build_kv_only_stack"
@@ -339,6 +339,7 @@ _SIDECAR_BUDGET_WHY = ("0.5.23's plain KV stack gives the target host pool all o
 HOOKS = (
     Hook(
         module=MODULE, target=KV_ONLY_STACK, judge=budget_verdict, hook=count_sidecar_in_budget,
+        stage=POOLS_STAGE,
         does="gives the target t / (t + dcp_size * d) of --hicache-size, so target and draft sidecar fit it, after "
              "checking each draft's plan against its DCP layout",
         why=_SIDECAR_BUDGET_WHY + "; and a draft plan that packs or shares the target's layout reads other rows",
@@ -349,6 +350,7 @@ HOOKS = (
     ),
     Hook(
         module=MODULE, target=KV_ONLY_GROUP, judge=group_verdict, hook=size_target_from_share,
+        stage=POOLS_STAGE,
         does="builds the target host pool at that share (the host_size argument upstream-next 0001 passes)",
         why=_SIDECAR_BUDGET_WHY,
         upstream="not yet sent (patches/upstream-next 0001)",
@@ -357,6 +359,7 @@ HOOKS = (
     ),
     Hook(
         module=MODULE, target=FULL_DRAFT_POOLS, judge=guard_verdict, hook=guard_sidecar,
+        stage=POOLS_STAGE,
         does="stops startup if the draft sidecar misses logical slots, and logs what HiCache pins per rank",
         why="a draft sidecar short of the target's logical slots is written past its end on L1 eviction, and "
             "nothing stops it at startup",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from . import FIXED_UPSTREAM_IN, Hook
-from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
+from .common import Finding, Overlay, Verdict, first_call, probing
+from .entry import FIXED_UPSTREAM_IN, POOLS_STAGE, Hook, by_version
 
 MODULE = "sglang.srt.mem_cache.kv_cache_builder"
 DRAFT_REGISTRATION = f"{MODULE}.maybe_register_hicache_draft"
@@ -129,6 +129,7 @@ def check_only_if_needed() -> Callable | None:
 HOOKS = (
     Hook(
         module=MODULE, target=DRAFT_REGISTRATION, judge=registration_verdict, hook=size_draft_from_logical,
+        stage=POOLS_STAGE,
         does="sizes the draft host pool from the target's logical_size, then stops startup if it is short",
         why="the draft host pool is sized from the target host pool's physical rows per rank, but the replicated "
             "DSPARK draft is indexed with the target's logical slots (dcp_size times more): L1 eviction writes past "

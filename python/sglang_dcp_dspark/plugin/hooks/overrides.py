@@ -21,8 +21,8 @@ import inspect
 import logging
 from collections.abc import Callable
 
-from . import Hook
-from ._common import Finding, Verdict, first_call, unhooked
+from .common import Finding, Verdict, first_call, unhooked
+from .entry import RESOLUTION_STAGE, Hook
 
 MODULE = "sglang.srt.arg_groups.overrides"
 DEFAULT_BACKEND = f"{MODULE}.get_default_attn_backend"
@@ -85,6 +85,7 @@ _DROP = "upstream defaults Hopper's MLA backend to flashinfer under DCP, or fa3 
 HOOKS = (
     Hook(
         module=MODULE, target=DEFAULT_BACKEND, judge=default_verdict, hook=pick_flashinfer_under_dcp,
+        stage=RESOLUTION_STAGE,
         does="picks flashinfer, not fa3, for an MLA model under DCP on Hopper that names no --attention-backend",
         why=_WHY, upstream=_UPSTREAM, drop_when=_DROP, series_patch="upstream-next/0015",
     ),

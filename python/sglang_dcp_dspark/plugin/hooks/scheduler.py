@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import FIXED_UPSTREAM_IN, WRITTEN_FOR, Hook
-from ._common import Finding, Verdict, first_call, probing
+from .common import Finding, Verdict, first_call, probing
+from .entry import FIXED_UPSTREAM_IN, POOLS_STAGE, WRITTEN_FOR, Hook
 
 MODULE = "sglang.srt.managers.scheduler"
 INIT_MEMORY_POOLS = f"{MODULE}.Scheduler.init_memory_pools"
@@ -64,6 +64,7 @@ def count_draft_in_budget(original: Callable, scheduler, *args, **kwargs):
 HOOKS = (
     Hook(
         module=MODULE, target=INIT_MEMORY_POOLS, judge=budget_verdict, hook=count_draft_in_budget,
+        stage=POOLS_STAGE,
         does="counts the replicated draft in --hicache-size and stops a launch whose host pools cannot fit",
         why="--hicache-size budgets the target host pool alone; the replicated draft pins dcp_size draft rows per "
             "target row on top of it, past the budget the operator set",

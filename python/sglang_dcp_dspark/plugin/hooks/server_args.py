@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import Hook
-from ._common import Finding, Overlay, Verdict, by_version, first_call, probing
+from .common import Finding, Overlay, Verdict, first_call, probing
+from .entry import RESOLUTION_STAGE, Hook, by_version
 
 MODULE = "sglang.srt.server_args"
 RESOLVER = f"{MODULE}.ServerArgs._resolve_hicache_dcp_compatibility"
@@ -126,6 +126,7 @@ def pick_flashinfer_under_dcp(original: Callable, server_args, use_mla_backend, 
 HOOKS = (
     Hook(
         module=MODULE, target=RESOLVER, judge=resolver_verdict, hook=admit_dspark,
+        stage=RESOLUTION_STAGE,
         does="admits DSPARK through the HiCache + DCP gate; other algorithms are refused in the series' words",
         why="0.5.17 raises NotImplementedError for any --speculative-algorithm once --dcp-size > 1 and "
             "--enable-hierarchical-cache are both set, so a DCP + HiCache + DSPARK launch cannot start",
@@ -135,6 +136,7 @@ HOOKS = (
     ),
     Hook(
         module=MODULE, target=DEFAULT_BACKEND, judge=default_verdict, hook=pick_flashinfer_under_dcp,
+        stage=RESOLUTION_STAGE,
         does="picks flashinfer, not fa3, for an MLA model under DCP on Hopper that names no --attention-backend",
         why="sglang picks fa3 for an MLA model on Hopper when no --attention-backend is named, and fa3 has no DCP code, "
             "so a DCP launch that names none is refused (or crashes at its first decode) though flashinfer runs it",

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import Hook
-from ._common import Finding, Verdict, first_call
+from .common import Finding, Verdict, first_call
+from .entry import RESOLUTION_STAGE, Hook
 
 MODULE = "sglang.srt.arg_groups.speculative_hook"
 SPECULATIVE = f"{MODULE}.handle_speculative_decoding"
@@ -167,9 +167,9 @@ def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
     release's code carry it; only a flashinfer MLA target asks."""
     if target_backend != "flashinfer" or not mla:
         return None
-    from . import verify_fix
+    from .flashinfer_mla_backend import verify_fix_in_effect
 
-    return verify_fix(plugin_on=True)
+    return verify_fix_in_effect(plugin_on=True)
 
 
 def declare_check() -> None:
@@ -199,6 +199,7 @@ def refuse_broken_passes(original: Callable, server_args, *args, **kwargs):
 HOOKS = (
     Hook(
         module=MODULE, target=SPECULATIVE, judge=passes_verdict, hook=refuse_broken_passes,
+        stage=RESOLUTION_STAGE,
         does="refuses under DCP, at argument time, each launch whose passes the map shows crashing or reading other rows",
         why="sglang admits speculative decoding (and plain decode on fa3 MLA) under --dcp-size > 1 on backends whose "
             "passes plan untranslated rows or drop the LSE the DCP merge needs: they crash or read other tokens' KV",

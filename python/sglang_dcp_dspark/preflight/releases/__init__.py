@@ -130,13 +130,13 @@ class Release:
         return getattr(args, name, default)
 
     def launch(self, args) -> Launch:
-        from ..launch import Launch
+        from ..launch import Launch, dcp_size
 
         v = self.value
         return Launch(
             model_path=v(args, "model_path"), draft_model_path=v(args, "speculative_draft_model_path"),
             tp_size=int(v(args, "tp_size", 1) or 1), pp_size=int(v(args, "pp_size", 1) or 1),
-            nnodes=int(v(args, "nnodes", 1) or 1), dcp_size=max(1, int(v(args, "dcp_size", 1) or 1)),
+            nnodes=int(v(args, "nnodes", 1) or 1), dcp_size=dcp_size(v(args, "dcp_size")),
             page_size=_int_or(v(args, "page_size"), 1),
             enable_hierarchical_cache=bool(v(args, "enable_hierarchical_cache", False)),
             hicache_ratio=v(args, "hicache_ratio"), hicache_size=float(v(args, "hicache_size", 0) or 0),
@@ -217,15 +217,19 @@ class Release:
             return int(compute(dp > 1, 0, tp, dp, cp)[1])
         return int(compute(0, tp, dp, cp)[1])
 
-    # The sglang modules whose hooks judge a launch's arguments: 0.5.17's resolver and default backend, the default
-    # backend of 0.5.19 on, 0.5.23's gate.
-    RESOLUTION_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups.overrides",
-                          "sglang.srt.arg_groups.speculative_hook")
+    @staticmethod
+    def resolution_modules() -> tuple[str, ...]:
+        """The sglang modules whose hooks judge a launch's arguments, in the plugin table's order: its entries of
+        the resolution stage (0.5.17's resolver and default backend, the default backend of 0.5.19 on, the
+        speculative gate)."""
+        from ...plugin import hooks
+
+        return hooks.modules(hooks.RESOLUTION_STAGE)
 
     @contextlib.contextmanager
     def resolution_hooks(self, hooked: bool):
         with contextlib.ExitStack() as stack:
-            for module in self.RESOLUTION_MODULES:
+            for module in self.resolution_modules():
                 if optional_module(module) is not None:
                     stack.enter_context(self.hooks_on(module, hooked))
             yield
@@ -279,10 +283,15 @@ def installed() -> Release:
             module = importlib.import_module(f"{__name__}.{name}")
             if module.Adapter.matches():
                 return module.Adapter(version)
+    # The releases the project covers are the ones the pass map has a table for (docs/layout.md, "add a release").
+    from ... import passes
+
+    known = passes.releases()
     raise DcpDsparkError(
         f"preflight does not recognise the code of sglang {version or 'of unknown version'} (none of its release "
         f"adapters, {', '.join(f.replace('sglang_', '').replace('_', '.') for f in FAMILIES)}, matches it); expected "
-        "sglang 0.5.17 to 0.5.23; fix: pip install sglang==0.5.23, or add an adapter in sglang_dcp_dspark/preflight/releases"
+        f"sglang {known[0]} to {known[-1]}; fix: pip install sglang=={known[-1]}, or add an adapter in "
+        "sglang_dcp_dspark/preflight/releases"
     )
 
 

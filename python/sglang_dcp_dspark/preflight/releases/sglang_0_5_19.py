@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ...plugin import hooks
 from . import Built, Models, Pinned, Release, decode_ratio, device_pools, draft_plan, plan_name
 from .sglang_0_5_18 import runtime_rank
 
-ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
+# The sidecar's sglang modules, as the hook table names them: the pools are built with their hooks in effect.
+ASSEMBLER = hooks.ASSEMBLER
 SIDECARS = "hybrid_pool_assembler.build_hicache_draft_sidecars"
 
 
@@ -87,7 +89,7 @@ class Adapter(Release):
         assembler = importlib.import_module(ASSEMBLER)
         rank = self.rank(launch, device_rows, host_ram, backup)
         built = Built()
-        with sidecar.on_rank(rank), self.hooks_on(ASSEMBLER, hooked), self.hooks_on("sglang.srt.mem_cache.hicache_auto_size", hooked):
+        with sidecar.on_rank(rank), self.hooks_on(ASSEMBLER, hooked), self.hooks_on(hooks.AUTO_SIZE, hooked):
             dev = device_pools(launch, models, device_rows)
             if launch.hicache_ratio is None and launch.disaggregation_mode == "decode":
                 decode_ratio(launch, dev.target)

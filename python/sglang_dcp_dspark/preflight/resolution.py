@@ -1,0 +1,272 @@
+"""The launch on the emulated node: sglang's own resolution of it (stock and with the plugin's hooks), the models as
+the release reads them, what it runs (:class:`Runs`), the pass map's judgement of its passes, and the first change
+preflight finds that makes it pass (:func:`advise`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from .. import passes as passes_mod
+from ..core import swap
+from ..core.errors import DcpDsparkError
+from ..plugin import hooks as hooks_mod
+from . import launch as launch_mod
+from . import models as models_mod
+from . import result
+from . import verdict as verdict_mod
+from .inputs import Configs
+from .launch import Launch, Node, Resolution
+
+
+def resolve(release, argv: list[str], node: Node, paths: dict[str, str], *, hooked: bool) -> Resolution:
+    """The release's own resolution on the emulated node, with or without the plugin's hooks on server_args.
+
+    sglang's resolution writes to the environment (0.5.23 sets SGLANG_USE_CUDA_IPC_TRANSPORT for the processes it
+    would start); a judgement resolves several launches, and the next would read that as the operator's setting
+    and warn of it, so each resolution leaves the environment as it found it."""
+    with swap.environ_restored(), launch_mod.quiet_sglang() as log, launch_mod.emulated_node(node):
+        try:
+            args = release.resolve(argv, hooked=hooked)
+        except SystemExit:
+            raise DcpDsparkError("sglang exited while parsing the launch arguments; expected a valid launch; fix: correct the arguments after `--`") from None
+        except Exception as exc:  # sglang validates with asserts, ValueError, NotImplementedError, ...
+            bad = launch_mod.config_load_failure(exc, paths, release.version) or launch_mod.platform_refusal(
+                exc, node, release.version)
+            if bad is not None:
+                raise bad from None
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            return Resolution(False, f"{type(exc).__name__}: {text}", None, log.lines)
+        return Resolution(True, None, release.launch(args), log.lines)
+
+
+def plugin_state(environ=None):
+    """Would sglang's load_plugins() run this plugin here, and would it act? (enabled, reason)"""
+    from ..plugin import switch
+
+    state = switch.plugin_state(os.environ if environ is None else environ)
+    if state.enabled and not switch.entry_point_installed():
+        return switch.PluginState(False, f"not installed: no {switch.PLUGIN_NAME} entry point in {switch.ENTRY_POINT_GROUP} (pip install --no-deps a checkout of sglang-dcp-dspark)")
+    return state
+
+
+def read_models(release, la, node: Node, paths: dict[str, str]):
+    """Each model's KV as the release's ModelConfig reads it; a config it cannot load is one exit-2 line."""
+    with launch_mod.quiet_sglang(), launch_mod.emulated_node(node):
+        try:
+            return models_mod.read(release, la)
+        except DcpDsparkError:
+            raise
+        except Exception as exc:  # transformers' and sglang's config loading raise many types
+            bad = launch_mod.config_load_failure(exc, paths, release.version)
+            if bad is not None:
+                raise bad from None
+            text = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise DcpDsparkError(f"sglang {release.version}'s ModelConfig cannot read the launch's models ({type(exc).__name__}: {text}); "
+                                 "expected configs sglang loads; fix: pass the models' own config.json (huggingface-cli download MODEL config.json)") from None
+
+
+def applied_series() -> list[str]:
+    """The series the tree this interpreter imports carries (none where no tree is found)."""
+    from .. import series
+    from ..core.compat import locate_tree
+
+    try:
+        tree = locate_tree(None)
+    except DcpDsparkError:
+        return []
+    return series.applied_to(tree)
+
+
+# ---------------------------------------------------------------- what the launch runs
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the launch runs, as its passes and the advice are judged on it: read by :func:`runs` alone.
+
+    ``resolved``: read off the launch as sglang resolved it on the emulated node; else (every resolution refused it)
+    off sglang's own parse of the arguments. ``named_*`` and ``draft_backend_flag`` are what the arguments name,
+    whichever it is."""
+
+    resolved: bool
+    target: str | None  # the target model path
+    draft: str | None  # the draft model path; None: the target's own layer
+    algorithm: str | None
+    dcp: int
+    hicache: bool
+    prefill: str | None  # the target's prefill backend as resolved; None where nothing resolved
+    decode: str | None  # the target's decode backend as resolved, else as the arguments name it
+    draft_backend: str | None  # the draft's attention backend as resolved; None where nothing resolved
+    named_prefill: str | None
+    named_decode: str | None
+    draft_backend_flag: str | None
+    eagle_topk: int  # as the launch gives it (the resolved Launch keeps only what the host pools depend on)
+
+    @property
+    def own_layer(self) -> bool:
+        """The draft is the target's own layer (no draft model, or the target's path)."""
+        return self.draft in (None, self.target)
+
+
+def runs(la: Launch | None, given: argparse.Namespace) -> Runs:
+    """What the launch runs: from the resolved launch ``la`` where a resolution admitted it, else from sglang's own
+    parse of the arguments (``given``; its backend options default to None on every release)."""
+    named_decode = given.decode_attention_backend or given.attention_backend
+    named_prefill = given.prefill_attention_backend or given.attention_backend
+    named = {"named_prefill": named_prefill, "named_decode": named_decode,
+             "draft_backend_flag": given.speculative_draft_attention_backend,
+             "eagle_topk": int(given.speculative_eagle_topk or 1)}
+    if la is not None:
+        prefill, decode = la.attention_backends
+        return Runs(True, la.model_path, la.draft_model_path, la.speculative_algorithm, la.dcp_size,
+                    bool(la.enable_hierarchical_cache), prefill, decode or named_decode,
+                    la.speculative_draft_attention_backend, **named)
+    return Runs(False, given.model_path, given.speculative_draft_model_path, given.speculative_algorithm,
+                launch_mod.dcp_size(given.dcp_size), bool(given.enable_hierarchical_cache), None, named_decode, None,
+                **named)
+
+
+def picked_by(stock: Resolution, fixed: Resolution, plugin_on: bool, launch: Runs) -> str:
+    """Who picked the decode backend of a launch that names none, where sglang's own pick was not kept: "the plugin"
+    where its resolution and stock's both got through and differ there (under DCP on Hopper it picks flashinfer)."""
+    if not plugin_on or launch.named_decode:
+        return ""
+    if stock.launch is None or fixed.launch is None:
+        return ""
+    return "the plugin" if stock.launch.attention_backends[1] != fixed.launch.attention_backends[1] else ""
+
+
+def backends(launch: Runs, node: Node, *, picked_by: str = "") -> result.Backends:
+    """The target's attention backends the launch runs on the emulated node, and where each comes from."""
+    choice = f"sglang's choice on the {node.gpu_name}"
+    picked = picked_by if not launch.named_decode and launch.resolved else ""
+    parts = []
+    for side, value, named in (("prefill", launch.prefill, launch.named_prefill),
+                               ("decode", launch.decode, launch.named_decode)):
+        if value is None:
+            continue
+        parts.append(f"{side} {value} (" + ("named by the launch" if named and named == value
+                                            else f"picked by {picked} under DCP" if picked and value == launch.decode
+                                            else choice) + ")")
+    return result.Backends(launch.prefill, launch.decode, "; ".join(parts) or "not resolved", launch.draft_backend,
+                           picked)
+
+
+def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = False) -> passes_mod.Judgement:
+    """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
+    a plain launch's EXTEND and DECODE.
+
+    On what the launch runs (:class:`Runs`): the decode backend is the one
+    the release picks on the emulated node (its default for the architecture
+    and model, model hooks included) unless the launch names one; where every
+    resolution refused, the one the arguments name, so a rejection still names
+    the pass that would break (a launch that names no backend is then judged on
+    every target backend the map ran). A flashinfer MLA target's verify is
+    judged as the launch runs it: planned split where the tree carries
+    upstream-next 0012 or the plugin is on and its hooks apply to this release.
+    """
+    mla = models_mod.is_mla_config(configs.target)
+    if not launch.algorithm:
+        if launch.dcp > 1 and not mla:
+            return passes_mod.Judgement(passes_mod.release_key(release.version), passes_mod.PLAIN, launch.dcp, False,
+                                        why_unmapped="the map's targets are MLA models; a dense target under DCP is "
+                                                     "not mapped")
+        return passes_mod.judge_plain(release.version, dcp=launch.dcp, target_backend=launch.decode)
+    verify_fix = (hooks_mod.verify_fix(plugin_on=plugin_on) if launch.decode == "flashinfer" and mla and launch.dcp > 1
+                  else None)
+    return passes_mod.judge(
+        release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, target_mla=mla,
+        target_backend=launch.decode, draft_backend=launch.draft_backend_flag, hicache=launch.hicache,
+        verify_fix=verify_fix, draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft),
+    )
+
+
+# ---------------------------------------------------------------- the advice
+
+
+# Backends the release runs that the pass map does not model (their passes are unchecked there).
+UNMODELLED_BACKENDS = ("cutedsl_mla",)
+# The attention-backend options a launch names; an advised backend replaces them all.
+BACKEND_OPTIONS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend")
+
+
+def without(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``argv`` less the options ``names`` (with their values), and what was taken out."""
+    out, removed, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names and i + 1 < len(argv):
+            removed += argv[i: i + 2]
+            i += 2
+            continue
+        if any(arg.startswith(n + "=") for n in names):
+            removed.append(arg)
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, removed
+
+
+def advise(judge, release, argv: list[str], node: Node, device_rows: int | None, configs: Configs, *, code: int,
+           launch: Runs, plugin_on: bool, sizing) -> verdict_mod.Advice | None:
+    """The first change that makes the launch pass on this node and release, judged by preflight itself (``judge``:
+    :func:`check.judge`); None where none does. Tried in order: an attention backend the pass map shows running it
+    (not the one it runs), the plugin on, a chain for a draft tree, --dcp-size 1 (where the launch is refused or
+    broken), a --hicache-size the node holds."""
+    from ..plugin import switch
+
+    dcp = launch.dcp
+    tries: list[tuple[list[str], tuple, tuple, tuple, bool]] = []  # (argv, add, remove, env, plugin on)
+    if dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS, verdict_mod.UNCHECKED, verdict_mod.STOPS):
+        good = passes_mod.working_backends(
+            release.version, launch.algorithm, dcp=dcp, own_layer=launch.own_layer,
+            capability_major=node.capability[0], hicache=launch.hicache,
+            verify_fix=hooks_mod.verify_fix(plugin_on=plugin_on) if launch.algorithm else None,
+            draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft))
+        # Then a backend the map does not model but the release runs on this architecture (PR #35221 was validated
+        # on Blackwell's cutedsl_mla): its passes unchecked (exit 6), still a better change than losing DCP.
+        unmodelled = [b for b in UNMODELLED_BACKENDS if node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS.get(b, ())]
+        for other in (*good, *unmodelled):
+            if other == launch.decode or code == verdict_mod.UNCHECKED and other in unmodelled:
+                continue
+            rest, removed = without(argv, BACKEND_OPTIONS)
+            tries.append(([*rest, "--attention-backend", other], ("--attention-backend", other), tuple(removed), (),
+                          plugin_on))
+    if not plugin_on and switch.entry_point_installed() and code != verdict_mod.UNCHECKED:
+        tries.append((list(argv), (), (), (switch.TURN_ON,), True))
+    if dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS) and launch.eagle_topk > 1:
+        # A draft tree under DCP: the split verify plans a chain, so a chain of the same depth keeps DCP (sglang
+        # sets a chain's draft tokens to its steps + 1 itself; the advised launch is judged as sglang resolves it).
+        chain = ("--speculative-eagle-topk", "1")
+        rest, removed = without(argv, chain[:1])
+        tries.append(([*rest, *chain], chain, tuple(removed), (), plugin_on))
+    stops_in_pools = isinstance(sizing, result.Sizing) and sizing.startup_stops
+    if (dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS, verdict_mod.STOPS)
+            and not (code == verdict_mod.STOPS and stops_in_pools)):
+        rest, removed = without(argv, ("--dcp-size",))
+        tries.append(([*rest, "--dcp-size", "1"], ("--dcp-size", "1"), tuple(removed), (), plugin_on))
+    ram = sizing.host_ram if isinstance(sizing, result.Sizing) else None
+    if code == verdict_mod.STOPS and ram is not None and any(s.kind == "ram" for s in ram.stops) and ram.ranks_per_node:
+        per_rank_gb = int((ram.available - ram.reserve) / ram.ranks_per_node / 1e9 * 0.9)
+        if per_rank_gb >= 1:
+            rest, removed = without(argv, ("--hicache-size",))
+            tries.append(([*rest, "--hicache-size", str(per_rank_gb)], ("--hicache-size", str(per_rank_gb)),
+                          tuple(removed), (), plugin_on))
+    fallback = None
+    for advised, add, remove, env, on in tries:
+        if fallback is not None and add[:1] != ("--attention-backend",):
+            return fallback  # a backend that runs it, unchecked, before the plugin or --dcp-size 1
+        try:
+            report = judge(release, advised, node, device_rows, configs, advise=False, plugin_on=on)
+        except DcpDsparkError:
+            continue
+        got = verdict_mod.Advice(add, remove, env, report.verdict.code, report.verdict.line, report.verdict.evidence)
+        if got.code == verdict_mod.PASSES:
+            return got
+        if got.code == verdict_mod.UNCHECKED and fallback is None and code != verdict_mod.UNCHECKED:
+            fallback = got
+    return fallback

@@ -1,0 +1,56 @@
+"""The wheel a user installs the plugin from: built from this checkout, installed, and what sglang and preflight need is in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    # pip fetches the build backend (hatchling) from the package index, as a user's pip wheel does.
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (found,) = out.glob("sglang_dcp_dspark-*.whl")
+    return found
+
+
+def test_the_wheel_carries_the_entry_points_the_series_and_the_default_configs(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = next(z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "[sglang.srt.plugins]\ndcp_dspark = sglang_dcp_dspark.plugin:register" in entry_points
+    assert "sglang-dcp-dspark = sglang_dcp_dspark.__main__:main" in entry_points
+    for path in ("sglang_dcp_dspark/preflight/data/deepseek-v3/config.json", "sglang_dcp_dspark/preflight/data/kimi-k3-dspark-draft/config.json",
+                 "sglang_dcp_dspark/patches/sglang-0.5.17/series", "sglang_dcp_dspark/patches/upstream-next/series",
+                 "sglang_dcp_dspark/patches/trees.json", "sglang_dcp_dspark/passes/data/0.5.23.json.gz"):
+        assert path in names, path
+    assert not any(n.startswith(("test/", "tools/", "sglang_dcp_dspark/test", "sglang_dcp_dspark/tools")) for n in names)
+    # the pass map ships as its compact per-release tables; the full map is the generator's
+    assert not any(n.endswith("spec_passes.json") for n in names)
+
+
+def test_the_installed_wheel_finds_its_default_launch_and_series(wheel, tmp_path):
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    probe = ("import json, sglang_dcp_dspark as p, sglang_dcp_dspark.preflight.check as f, sglang_dcp_dspark.series as s,"
+             " sglang_dcp_dspark.passes as m;"
+             "print(json.dumps([p.__file__, str(f.DEFAULT_DRAFT), f.DEFAULT_DRAFT.joinpath('config.json').is_file(),"
+             " s.available_series(), m.releases(), len(m.load('0.5.23')['cases'])]))")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    package, draft, has_config, series, releases, cases = json.loads(out.stdout)
+    assert Path(package).is_relative_to(site) and Path(draft).is_relative_to(site) and has_config
+    assert releases[0] == "0.5.17" and releases[-1] == "0.5.23" and cases > 0  # the pass map's tables, read from the wheel
+    assert {"sglang-0.5.17", "upstream-next", "upstream-pr-35221"} <= set(series)
