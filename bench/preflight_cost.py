@@ -94,19 +94,26 @@ BASE_HOST_RAM_GIB = 2048.0
 # It also times each call of preflight.judge() (one per judgement; run() and
 # sweep() look it up at call time) and says the total on stderr, so the cost
 # of the judgements can be read apart from the import, which dominates the
-# process's wall time and its noise.
+# process's wall time and its noise. A launch that does not pass is advised:
+# the advice judges the changes it tries through the same judge(), inside the
+# judgement it belongs to, so only the outermost calls are counted, each with
+# its advice's time in it.
 PREFLIGHT_CHILD = """
 import sys, time
 from sglang_dcp_dspark.preflight import check as preflight
 from sglang_dcp_dspark.preflight import inputs
 inputs.MAX_GPU_MEMORY_GIB = float("inf")
 inputs.MAX_HOST_RAM_GIB = float("inf")
-_judge, _spent, _cpu = preflight.judge, [], []
+_judge, _spent, _cpu, _depth = preflight.judge, [], [], [0]
 def judge(*args, **kwargs):
+    if _depth[0]:
+        return _judge(*args, **kwargs)
+    _depth[0] += 1
     start, cpu = time.perf_counter(), time.process_time()
     try:
         return _judge(*args, **kwargs)
     finally:
+        _depth[0] -= 1
         _spent.append(time.perf_counter() - start)
         _cpu.append(time.process_time() - cpu)
 preflight.judge = judge
@@ -117,13 +124,40 @@ _stages = {}
 _start = time.perf_counter()
 import torch
 _stages["torch"] = time.perf_counter() - _start
+# The sglang modules a stage imports (sglang's code, not preflight's): each first import's own execution, nested
+# ones inside their importer's, charged to the innermost stage running.
+import importlib.abc, importlib.machinery
+_running, _sglang_in, _importing = [], {}, [0]
+class _SglangImports(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if not _running or fullname.split(".")[0] != "sglang":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute = spec.loader.exec_module
+        def exec_module(module):
+            if _importing[0]:
+                return execute(module)
+            _importing[0] += 1
+            stage, start = _running[-1], time.perf_counter()
+            try:
+                return execute(module)
+            finally:
+                _importing[0] -= 1
+                _sglang_in[stage] = _sglang_in.get(stage, 0.0) + time.perf_counter() - start
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, _SglangImports())
 def _timed(module, name):
     fn = getattr(module, name)
     def timed(*args, **kwargs):
         start = time.perf_counter()
+        _running.append(name)
         try:
             return fn(*args, **kwargs)
         finally:
+            _running.pop()
             _stages[name] = _stages.get(name, 0.0) + time.perf_counter() - start
     setattr(module, name, timed)
 from sglang_dcp_dspark.preflight import launch as launch_mod
@@ -136,6 +170,7 @@ try:
 finally:
     print(f"JUDGE_SECONDS {sum(_spent)!r} {sum(_cpu)!r} {len(_spent)}", file=sys.stderr, flush=True)
     print("STAGE_SECONDS " + json.dumps(_stages), file=sys.stderr, flush=True)
+    print("SGLANG_IMPORT_SECONDS " + json.dumps(_sglang_in), file=sys.stderr, flush=True)
 sys.exit(code)
 """
 # preflight's stages, timed in the child: the sglang modules a judgement needs (server_args, which the bare import
@@ -153,15 +188,21 @@ print(importlib.metadata.version("sglang"), sglang.__file__)
 """
 
 # The floor: sglang's import (server_args, ModelConfig and what it reads, as preflight imports them) and one
-# resolution of the same launch by sglang's own code on the same emulated node; nothing of preflight's judgement.
+# resolution of the same launch by sglang's own code on the same emulated node, as it runs (with the plugin's hooks
+# where the plugin is on); nothing of preflight's judgement. Like preflight, it leaves torch.compile out of sglang's import (launch.kernels_uncompiled): neither runs a kernel.
 FLOOR_CHILD = """
 import sys
-import sglang.srt.server_args
 from sglang_dcp_dspark.preflight import inputs, launch, releases, resolution
-launch.import_sglang()
-release = releases.installed()
-node = inputs.default_node(gpu_memory_gib=float(sys.argv[1]), host_ram_gib=float(sys.argv[2]))
-resolved = resolution.resolve(release, inputs.default_launch(), node, {}, hooked=False)
+@launch.kernels_uncompiled
+def floor():
+    launch.import_sglang()
+    release = releases.installed()
+    node = inputs.default_node(gpu_memory_gib=float(sys.argv[1]), host_ram_gib=float(sys.argv[2]))
+    # As the launch runs: with the plugin's hooks where sglang's load_plugins() would run the plugin (0.5.17 rejects
+    # the default stock).
+    as_run = resolution.plugin_state().enabled
+    return release, resolution.resolve(release, inputs.default_launch(), node, {}, hooked=as_run)
+release, resolved = floor()
 print(release.version, resolved.passed)
 """
 
@@ -197,9 +238,12 @@ def measure(argv: list[str], env: dict, label: str) -> dict:
         raise Failed(f"{label}: exited {code}: {stderr.strip()[-800:]}")
     judge = [ln.split() for ln in stderr.splitlines() if ln.startswith("JUDGE_SECONDS ")]
     stages = [json.loads(ln.split(" ", 1)[1]) for ln in stderr.splitlines() if ln.startswith("STAGE_SECONDS ")]
+    imported = [json.loads(ln.split(" ", 1)[1]) for ln in stderr.splitlines()
+                if ln.startswith("SGLANG_IMPORT_SECONDS ")]
     return {"exit": code, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss": usage.ru_maxrss * 1024,
             "judge_s": float(judge[-1][1]) if judge else None, "judge_cpu_s": float(judge[-1][2]) if judge else None,
             "judgements": int(judge[-1][3]) if judge else 0, "stages": stages[-1] if stages else {},
+            "sglang_imports": imported[-1] if imported else {},
             "stdout": stdout}
 
 
@@ -231,7 +275,8 @@ def read_back(case: dict, run: dict) -> dict:
     if case["key"] == "floor":
         version, _, passed = run["stdout"].strip().splitlines()[-1].partition(" ")
         if passed != "True":
-            raise Failed("floor: sglang's resolution rejected the default launch; expected it to pass, as preflight says")
+            raise Failed("floor: sglang's resolution rejected the default launch; expected it to pass, as preflight says; "
+                         "fix: run the bench with the plugin installed and on (make setup)")
         return {"release": version}
     try:
         report = json.loads(run["stdout"])
@@ -304,11 +349,14 @@ def run(tree: Path | None, repeats: int, sweep: str, scales: tuple[int, ...] = S
     wall_ratio = statistics.median(wall_pairs)
     floor_pairs = [o["wall_s"] / f["wall_s"] for o, f in zip(runs["x1"], runs["floor"], strict=True)]
     floor_ratio = statistics.median(floor_pairs)
-    own_shares = [own_seconds(r["stages"]) / r["wall_s"] for r in runs["x1"]]
+    own_shares = [own_seconds(r["stages"], r["sglang_imports"]) / r["wall_s"] for r in runs["x1"]]
     own_share = statistics.median(own_shares)
+    own_imports = statistics.median(own_seconds(r["stages"], r["sglang_imports"], imports_only=True)
+                                    for r in runs["x1"])
     return {
         "wall_over_floor": floor_ratio, "wall_over_floor_per_round": [round(x, 3) for x in floor_pairs],
         "own_share": own_share, "own_share_per_round": [round(x, 3) for x in own_shares],
+        "own_stages_sglang_imports_s": own_imports,
         "wall_over_import": wall_ratio, "wall_over_import_per_round": [round(x, 3) for x in wall_pairs],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "tree": str(tree) if tree else None,
@@ -381,7 +429,8 @@ def render(result: dict) -> str:
                f"({result['judge_s_per_sweep_value']:.2f} s per sweep value, which adds the chart's setups, vs "
                f"{next(r for r in result['rows'] if r['key'] == 'x1')['judge_s']:.2f} s for one judgement)")
     out += _stage_lines(result)
-    out.append(f"preflight's own stages / its wall, one judgement: median {result['own_share']:.1%} (rounds: "
+    out.append(f"preflight's own stages / its wall, one judgement, less the sglang modules they import "
+               f"({result['own_stages_sglang_imports_s']:.2f} s): median {result['own_share']:.1%} (rounds: "
                f"{', '.join(f'{x:.1%}' for x in result['own_share_per_round'])}; target <= {OWN_SHARE_GOAL:.0%}): "
                f"{_met(t['own_share'])}")
     # Last: the figure the bench is about, read first by an operator.
@@ -407,12 +456,18 @@ def _stage_lines(result: dict) -> list[str]:
     return out
 
 
-def own_seconds(stages: dict) -> float:
+def own_seconds(stages: dict, imports: dict, *, imports_only: bool = False) -> float:
     """preflight's own stages in one judgement: the rest of prepare (its input, the configs, the adapter) and, in
-    judge(), the series, the pass map, the models and the pools; not torch, sglang's import or its resolutions."""
+    judge(), the series, the pass map, the models and the pools; not torch, sglang's import or its resolutions,
+    nor the sglang modules those stages import (the scheduler, whose code the budget hook is judged on).
+    ``imports_only``: those modules' import time instead."""
     if not stages:
         raise Failed("the preflight child said no stage times; expected STAGE_SECONDS on its stderr")
-    return (stages["prepare"] - stages["import_sglang"]) + sum(stages[name] for name in OWN_STAGES)
+    own = ("prepare", *OWN_STAGES)
+    sglang = sum(imports.get(name, 0.0) for name in own)
+    if imports_only:
+        return sglang
+    return (stages["prepare"] - stages["import_sglang"]) + sum(stages[name] for name in OWN_STAGES) - sglang
 
 
 def main(argv: list[str] | None = None) -> int:
