@@ -84,7 +84,8 @@ bench-smoke: setup trees next-trees
 # The unit tier: the package's own tests on the installed sglang alone (no tree
 # to build), in a few minutes; make test runs them again with everything else.
 CHECK_TESTS := test/project/test_layout.py test/project/test_every_test_ran.py test/project/test_tree_table.py \
-	test/cli test/core test/plugin test/preflight test/passes test/series test/numerics/test_mla_oracle.py
+	test/cli test/core test/plugin test/preflight test/passes test/series test/numerics/test_mla_oracle.py \
+	test/numerics/test_decode_oracle.py
 # (The tree table's check of every built tree is left to make test: the unit tier builds none.)
 check: setup
 	DCP_DSPARK_TREE=stock $(PYTEST) -q $(CHECK_TESTS) \

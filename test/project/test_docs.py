@@ -34,6 +34,8 @@ FRESHNESS = {
     "verify-numbers-series": "test/numerics/test_verify_dcp.py",
     "verify-pr-numbers": "test/numerics/test_verify_dcp.py",
     "recipes": "test/releases/test_docs.py",
+    "blackwell-numbers-next": "test/numerics/test_decode_dcp.py",
+    "blackwell-numbers-base": "test/numerics/test_decode_dcp.py",
 }
 # Commands that import sglang: started at collection, checked at the end.
 SLOW = ("host-memory", "auto-size")

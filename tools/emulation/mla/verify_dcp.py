@@ -426,8 +426,9 @@ class RankGroup:
         return total.chunk(self.world_size, dim=dim)[self.rank_in_group].contiguous()
 
 
-def merge(partials: list) -> list:
-    """Each rank's heads after sglang's DCP merge (``cp_lse_ag_out_rs_mla``, then the transpose forward_mla does)."""
+def merge(partials: list, *, is_lse_base_on_e: bool = False) -> list:
+    """Each rank's heads after sglang's DCP merge (``cp_lse_ag_out_rs_mla``, then the transpose forward_mla does).
+    ``is_lse_base_on_e``: what the model tells the merge of the backend's LSE (flashinfer MLA's is base 2)."""
     import importlib
 
     comm = importlib.import_module("sglang.srt.layers.dcp.comm")
@@ -444,7 +445,7 @@ def merge(partials: list) -> list:
         try:
             out, lse = partials[r]
             merged = comm.cp_lse_ag_out_rs_mla(out.view(-1, HEADS, KV_LORA_RANK), lse, RankGroup(exchange, r),
-                                               is_lse_base_on_e=False)
+                                               is_lse_base_on_e=is_lse_base_on_e)
             results[r] = merged.transpose(0, 1)
         except BaseException as exc:  # reported, and the barrier released for the other ranks
             errors.append(exc)
