@@ -104,8 +104,8 @@ def test_a_named_target_backend_picks_its_cases_and_an_unnamed_one_is_said(pass_
     assert "names no --attention-backend" in unnamed.summary() and "ran it on fa3, flashinfer" in unnamed.note
     # Unnamed, every target backend the map ran counts: fa3's broken extend too.
     assert {f.name for f in unnamed.broken} == {"EXTEND", "DRAFT_DECODE_GRAPH", "TARGET_VERIFY"}
-    missing = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True, target_backend="cutedsl_mla")
-    assert not missing.mapped and "has not modelled cutedsl_mla" in missing.why_unmapped
+    missing = passes.judge("0.5.23", "NEXTN", dcp=8, own_layer=True, target_backend="triton")
+    assert not missing.mapped and "has not modelled triton" in missing.why_unmapped
 
 
 @pytest.mark.parametrize("version,algorithm,dcp,flag,why", [

@@ -45,11 +45,11 @@ PEAK_RSS_LIMIT = 2 * GIB
 
 
 # The nodes and backends the launches run on, so that each will start: a speculative launch under DCP on the
-# Blackwell shape PR #35221 was validated on (cutedsl_mla, whose passes the map cannot check: exit 6), at the H200's
-# 141 GiB so the figures stay the H200's; a plain one on an H200 with flashinfer, every pass checked (exit 0).
+# Blackwell shape PR #35221 was validated on (cutedsl_mla, its passes checked against its kernel's contract: exit 0),
+# at the H200's 141 GiB so the figures stay the H200's; a plain one on an H200 with flashinfer (exit 0).
 SPECULATIVE_NODE = ("--gpu-name", "NVIDIA B200", "--gpu-memory-gib", "141")
 PLAIN_NODE = ("--gpu-name", "NVIDIA H200")
-UNCHECKED = 6
+CHECKED = 0  # the code of a launch on cutedsl_mla, the embedded default's backend
 
 
 def launch(model=TINY, algorithm="DSPARK", *extra, draft=True):
@@ -77,12 +77,17 @@ def run_cli(*argv: str) -> tuple[int, str, str, int]:
 
 def passes_line(per_node: str, available: str = "2.0 TiB", *, draft: bool = True, estimate: bool = False) -> str:
     """The exact verdict line of a launch that passes and will start (``per_node``: the report's "1,234.56 GiB").
-    A speculative launch runs on cutedsl_mla on a B200 (exit 6, unchecked); a plain one on flashinfer on an H200
-    (exit 0)."""
+    A speculative launch runs on cutedsl_mla on a B200 (its draft on flashinfer), checked on CPU against the kernel's
+    contract; a plain one on flashinfer on an H200. The line holds 160 characters: the host figure's "fits" goes
+    first where it does not fit."""
     gib = f"{float(per_node.split()[0].replace(',', '')):,.0f} GiB/node host" + (" (estimate)" if estimate else "")
     if draft:
-        return f"verdict: PASSES, UNCHECKED (exit 6): DSPARK under DCP not checked on cutedsl_mla; {gib}, fits {available}"
-    return f"verdict: PASSES (exit 0): passes checked on flashinfer; {gib}, fits {available}"
+        head = ("verdict: PASSES (exit 0): passes checked on cutedsl_mla, flashinfer; CPU, against the kernel's "
+                "documented contract; not yet run on a GPU")
+    else:
+        head = "verdict: PASSES (exit 0): passes checked on flashinfer"
+    whole = f"{head}; {gib}, fits {available}"
+    return whole if len(whole) <= 160 else f"{head}; {gib}"
 
 
 def why(out: str) -> str:
@@ -121,11 +126,11 @@ def test_default_launch_with_a_draft_passes():
 
     Stock sglang refuses it, the plugin admits it with a draft host pool that
     covers the logical slots, the node holds the pools, the verdict says the
-    passes on cutedsl_mla are unchecked (exit 6), and nothing but the report
+    passes on cutedsl_mla were checked against its kernel's contract (exit 0), and nothing but the report
     reaches the terminal: no warning from sglang's import.
     """
     code, out, err, rss = run_cli()
-    assert code == UNCHECKED, err[-2000:]
+    assert code == CHECKED, err[-2000:]
     assert err == ""
     assert "launch PASSES sglang 0.5.17's validation" in out
     assert "  judged by     sglang 0.5.17 (its own resolution and pool builders; adapter sglang_0_5_17: since 0.5.17)" in out
@@ -151,7 +156,7 @@ def test_default_launch_with_a_draft_passes():
 
 def test_default_launch_is_deepseek_v3_with_a_dense_dspark_draft(capsys):
     """The embedded default's configs: DeepSeek-V3's geometry, a dense DSparkDraftModel draft, the stated device rows."""
-    assert main(["preflight", "--json"]) == UNCHECKED
+    assert main(["preflight", "--json"]) == CHECKED
     report = json.loads(capsys.readouterr().out)
     launch = report["launch"]
     assert launch[launch.index("--model-path") + 1] == str(DEFAULT_MODEL)
@@ -198,12 +203,12 @@ def test_largest_device_rows_one_gpu_holds(draft, row_bytes):
 
 
 def test_json_report_geometry(capsys):
-    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == UNCHECKED
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == CHECKED
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and not report["stock"]["passed"] and GATE in report["stock"]["message"]
     per_node = f"{report['sizing']['host_ram']['needed_per_node'] / GIB:,.2f} GiB"
     verdict = report["verdict"]
-    assert (verdict["code"], verdict["outcome"], verdict["line"]) == (UNCHECKED, "PASSES, UNCHECKED", passes_line(per_node))
+    assert (verdict["code"], verdict["outcome"], verdict["line"]) == (CHECKED, "PASSES", passes_line(per_node))
     assert verdict["advice"] is None and any(COVERS_ALL in w for w in verdict["why"])
     sizing = report["sizing"]
     assert sizing["dcp_size"] == 8 and sizing["device_rows"] == 1024
@@ -222,7 +227,7 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
         monkeypatch.setenv("SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT", "1")
     argv = ["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048",
             *launch(TINY, "DSPARK", "--hicache-size", "2")]
-    assert main(argv) == UNCHECKED
+    assert main(argv) == CHECKED
     report = json.loads(capsys.readouterr().out)
     sizing = report["sizing"]
     ram = sizing["host_ram"]
@@ -236,14 +241,14 @@ def test_hicache_size_is_shared_with_the_draft(capsys, monkeypatch, unbudgeted):
 
 
 def test_device_rows_estimate_is_labelled(capsys):
-    assert main(["preflight", "--json", *launch()]) == UNCHECKED
+    assert main(["preflight", "--json", *launch()]) == CHECKED
     sizing = json.loads(capsys.readouterr().out)["sizing"]
     assert "estimate" in sizing["device_rows_note"] and sizing["device_rows_estimated"]
     # The default launch states its own figure instead; --device-rows overrides it.
-    assert main(["preflight", "--json"]) == UNCHECKED
+    assert main(["preflight", "--json"]) == CHECKED
     sizing = json.loads(capsys.readouterr().out)["sizing"]
     assert sizing["device_rows_note"] == DEFAULT_DEVICE_ROWS_NOTE and not sizing["device_rows_estimated"]
-    assert main(["preflight", "--json", "--device-rows", "1024"]) == UNCHECKED
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == CHECKED
     sizing = json.loads(capsys.readouterr().out)["sizing"]
     assert sizing["device_rows"] == 1024 and sizing["device_rows_note"] == "given with --device-rows"
 
@@ -258,12 +263,12 @@ def test_no_hicache_no_host_pools(capsys):
 
 def test_host_ram_default_is_the_emulated_node(capsys):
     """The node's RAM defaults to the emulated DGX node's 2 TiB, not to whatever machine runs preflight."""
-    assert main(["preflight", "--json", "--device-rows", "1024"]) == UNCHECKED
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == CHECKED
     ram = json.loads(capsys.readouterr().out)["sizing"]["host_ram"]
     assert ram["available"] == 2048 * GIB and ram["available_from"] == "the emulated node's default"
-    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == UNCHECKED
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "2048"]) == CHECKED
     assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["available_from"] == "--host-ram-gib"
-    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "local"]) in (UNCHECKED, 3)
+    assert main(["preflight", "--json", "--device-rows", "1024", "--host-ram-gib", "local"]) in (CHECKED, 3)
     assert json.loads(capsys.readouterr().out)["sizing"]["host_ram"]["available_from"] == "this machine, available now"
 
 
@@ -362,7 +367,7 @@ def test_plugin_off_reports_the_stock_result(capsys, monkeypatch, env, reason):
 
 def test_empty_sglang_plugins_keeps_the_plugin_on(capsys, monkeypatch):
     monkeypatch.setenv("SGLANG_PLUGINS", "")
-    assert main(["preflight", "--json", "--device-rows", "1024"]) == UNCHECKED
+    assert main(["preflight", "--json", "--device-rows", "1024"]) == CHECKED
     plugin = json.loads(capsys.readouterr().out)["plugin"]
     assert plugin["enabled"] and "SGLANG_PLUGINS is empty (no whitelist)" in plugin["reason"]
 
@@ -561,8 +566,8 @@ def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
     result = sweeps["preflight-sweep-dcp.png"]
     assert [r.value for r in result.rows] == ["1", "2", "4", "8"] and result.flag == "--dcp-size"
     for row in result.rows:
-        # without DCP nothing is left unchecked; under DCP cutedsl_mla's passes are
-        assert row.report.verdict.code == (0 if row.value == "1" else UNCHECKED)
+        # without DCP nothing reads another rank's layout; under DCP cutedsl_mla's passes are checked
+        assert row.report.verdict.code == (0 if row.value == "1" else CHECKED)
         assert row.report.sizing.dcp_size == int(row.value)
         setups = row.variants
         assert list(setups) == ["stock", "0.5.18+", "budgeted", "sharded"]
@@ -580,7 +585,7 @@ def test_a_sweep_judges_each_value_and_draws_the_four_setups(sweeps):
         assert setups["budgeted"].per_node == setups["0.5.18+"].per_node  # no --hicache-size: nothing to share
         assert setups["sharded"].source.startswith("model")  # 0.5.17 has no sharded backup to build it with
     # the worst row's verdict is the sweep's
-    assert result.verdict.code == UNCHECKED
+    assert result.verdict.code == CHECKED
     per_node = [r.variants["0.5.18+"].per_node for r in result.rows]
     assert per_node == sorted(per_node) and per_node[0] < per_node[-1]  # the replicated draft grows with dcp
     budgeted = sweeps["preflight-sweep-dcp-hicache-size.png"]
@@ -607,11 +612,11 @@ def test_the_sweep_block_and_the_charts_are_fresh(sweeps, tmp_path):
 
 
 def test_a_sweep_on_the_command_line(capsys):
-    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024"]) == UNCHECKED
+    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024"]) == CHECKED
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "preflight sweep of --dcp-size on sglang 0.5.17 (2 launches, sglang imported once)"
     assert [line.split()[0] for line in out[3:5]] == ["2", "8"]
-    assert all("PASSES, UNCHECKED (exit 6)" in line for line in out[3:5]), out
+    assert all("PASSES (exit 0)" in line for line in out[3:5]), out
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -641,14 +646,14 @@ def test_every_sweep_row_that_does_not_pass_says_why(capsys):
 
 
 def test_a_long_sweep_shows_its_progress(capsys):
-    assert main(["preflight", "--sweep", "hicache-ratio=1,2,3,4,5", "--device-rows", "1024"]) == UNCHECKED
+    assert main(["preflight", "--sweep", "hicache-ratio=1,2,3,4,5", "--device-rows", "1024"]) == CHECKED
     err = capsys.readouterr().err.splitlines()
     assert err == [f"preflight: judging value {i} of 5 ({i})" for i in range(1, 6)]
 
 
 @pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
 def test_the_chart_is_written_in_the_format_its_name_says(tmp_path, suffix, magic):
-    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024", "--plot", str(tmp_path / f"c{suffix}")]) == UNCHECKED
+    assert main(["preflight", "--sweep", "dcp=2,8", "--device-rows", "1024", "--plot", str(tmp_path / f"c{suffix}")]) == CHECKED
     assert (tmp_path / f"c{suffix}").read_bytes().startswith(magic)
 
 
@@ -656,7 +661,7 @@ def test_a_sweep_worst_verdict_is_its_exit_code(capsys):
     """dcp 3 does not divide tp 8 (bad input, exit 2): the sweep goes on and exits with its worst."""
     assert main(["preflight", "--json", "--sweep", "dcp=3,8", "--device-rows", "1024"]) == 2
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [r["report"]["verdict"]["code"] for r in rows] == [2, UNCHECKED]
+    assert [r["report"]["verdict"]["code"] for r in rows] == [2, CHECKED]
     assert "--dcp-size 3 does not divide --tp 8" in rows[0]["report"]["verdict"]["line"]
 
 

@@ -1,7 +1,8 @@
 """The README's table of what works: per release and node, the headline launch and the change that runs it.
 
 The launch is the README's own (DeepSeek-V3 + DSPARK at --tp 8 --dcp-size 8 with HiCache, no --attention-backend),
-judged with the plugin as an operator runs it, on an 8 x H200 and an 8 x B200 node. A cell is the verdict as it
+judged with the plugin as an operator runs it, on an 8 x H200 and an 8 x B200 node, and beside it preflight's
+embedded default (the same launch with --attention-backend cutedsl_mla on 8 x B200: PR #35221's validated shape). A cell is the verdict as it
 is, or, where it does not pass, the change preflight names and the verdict preflight gave that changed launch
 (it judges the advice itself). One row per release tree, as docs/preflight.md's release table (``table.py``);
 every tree's test run checks its own row (test_docs.py), ``--write`` recomputes them all.
@@ -25,11 +26,12 @@ REPO = HERE.parents[1]
 
 NAME = "recipes"
 NODES = ("NVIDIA H200", "NVIDIA B200")
-HEADER = ("| sglang | on 8 x H200 | on 8 x B200 |\n|---|---|---|\n")
+HEADER = ("| sglang | on 8 x H200 | on 8 x B200 | embedded default (8 x B200, cutedsl_mla) |\n|---|---|---|---|\n")
 LABELS = [label for label, t in TREES.items() if ("test/releases" in t.test_dirs or label == "stock")]
 
 
-def cell(node: str) -> str:
+def cell(node: str | None) -> str:
+    """The headline launch on ``node``; None: preflight's embedded default (PR #35221's validated shape)."""
     import contextlib
     import io
 
@@ -39,6 +41,8 @@ def cell(node: str) -> str:
     argv = ["preflight", "--json", "--gpu-name", node, "--device-rows", "400000", "--", "--model-path",
             str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache",
             "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
+    if node is None:
+        argv = ["preflight", "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         main(argv)
@@ -59,7 +63,7 @@ def row() -> str:
 
         applied = applied_series()
         name = installed_sglang_version() + (" + " + ", ".join(applied) if applied else "")
-        return f"| {name} | " + " | ".join(cell(node) for node in NODES) + " |"
+        return f"| {name} | " + " | ".join(cell(node) for node in (*NODES, None)) + " |"
     finally:
         os.environ.update(env)
 

@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = str(DATA / "tiny-mla")
 DSA = str(DATA / "deepseek-v32")
 DENSE_DRAFT = preflight.DEFAULT_DRAFT
-# A Blackwell node, where cutedsl_mla runs: its passes the map leaves unchecked, so the plugin admits speculative
+# A Blackwell node, where cutedsl_mla runs: the map finds its passes consistent, so the plugin admits speculative
 # decoding under DCP (on an H200 sglang picks fa3, which the plugin refuses: test_node_verdicts.py).
 NODE = launch_mod.Node.of_part("NVIDIA B200")
 

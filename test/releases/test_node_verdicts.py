@@ -17,7 +17,11 @@ answers from. What is checked:
   other tokens' KV;
 - a Blackwell-only backend on an emulated B200 gets sglang's verdict, not "only
   supported on Blackwell", and the embedded default (a B200 node, cutedsl_mla)
-  says its passes are unchecked rather than PASSES.
+  PASSES, naming its evidence: CPU, against the kernel's documented contract;
+- a plain DCP launch on a B200 with no backend named runs on trtllm_mla and is
+  judged by its checked decode: on 0.5.17 and 0.5.18 that decode hands the
+  kernel pages past the rank's cache (exit 5; the plugin refuses it, naming
+  cutedsl_mla), from 0.5.19 it PASSES.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from trees import TREE
 from .conftest import preflight
 
 OFF = {"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"}
+RELEASE = TREES[TREE].sglang
 PLAIN = ["--model-path", str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8"]
 DSPARK = [*PLAIN, "--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK",
           "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
@@ -138,8 +143,8 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
                                 "--attention-backend", "cutedsl_mla")
     assert "only supported on Blackwell" not in _line(report), _line(report)
     assert report["node"]["capability"] == [10, 0]
-    assert code == 6, _line(report)  # it starts; the map cannot run cutedsl_mla's in-kernel DCP reads
-    assert "DSPARK under DCP not checked on cutedsl_mla" in _line(report), _line(report)
+    assert code == 0, _line(report)  # it starts, and the map ran its passes against the kernel's contract
+    assert "passes checked on cutedsl_mla" in _line(report), _line(report)
     assert "--attention-backend cutedsl_mla" not in _line(report)  # never advised the backend it runs on
     # and on a Hopper node sglang refuses it, for that reason
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
@@ -147,15 +152,33 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
     assert code == 1 and "Blackwell" in report["verdict"]["detail"], report["verdict"]["detail"]
 
 
-def test_the_embedded_default_says_what_was_not_checked():
+def test_the_embedded_default_gets_a_checked_verdict_naming_its_evidence():
     code, report, _ = preflight()
     assert report["node"]["gpu_name"] == "NVIDIA B200"
-    assert code == 6 and "PASSES, UNCHECKED" in _line(report), _line(report)
-    assert "not checked on cutedsl_mla" in _line(report) and "cutedsl_mla" in report["verdict"]["unchecked"]
-    if TREE in FIXED_TREES:  # a backend the map checked runs it on this node: named as the alternative
-        assert "or --attention-backend flashinfer (exit 0)" in _line(report), _line(report)
+    assert code == 0 and _line(report).startswith("verdict: PASSES (exit 0): passes checked on cutedsl_mla"), _line(report)
+    assert "CPU, against the kernel's documented contract; not yet run on a GPU" in _line(report), _line(report)
+    assert passes.KERNEL_EVIDENCE in report["verdict"]["evidence"]
+    assert report["verdict"]["advice"] is None and not report["verdict"]["unchecked"], _line(report)
+
+
+def test_a_plain_dcp_launch_on_a_b200_is_judged_on_trtllm_mlas_decode():
+    """No backend named: sglang picks trtllm_mla for DeepSeek-V3 there, and the map ran its DCP decode."""
+    broken = RELEASE in ("0.5.17", "0.5.18")  # before #33926: the table of the widened locs, untranslated
+    code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *PLAIN, env=OFF)
+    assert report["attention_backends"]["decode"] == "trtllm_mla"
+    if broken:
+        assert code == 5 and "DECODE on trtllm_mla" in _line(report), _line(report)
+        assert "page past the rank's cache" in _block(report)
+        assert "--attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
     else:
-        assert report["verdict"]["advice"] is None, _line(report)
+        assert code == 0 and "passes checked on trtllm_mla" in _line(report), _line(report)
+        assert "not yet run on a GPU" in _line(report), _line(report)
+    code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *PLAIN)
+    if broken:  # the plugin's check refuses a pass the map shows broken, and names the backend that runs it
+        assert code == 1 and "the plugin refuses a plain launch on trtllm_mla" in _line(report), _line(report)
+        assert "use --attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
+    else:
+        assert code == 0, _line(report)
 
 
 def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
@@ -170,12 +193,10 @@ def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
             continue
         assert code == 3 and "trtllm_mla refuses DSPARK under DCP as it starts" in _line(report), _line(report)
         assert "cannot serve decode context parallelism with speculative decoding" in _block(report)
-        if TREE in FIXED_TREES and (env is None or TREE in SERIES_TREES):
-            # with the verify planned split, flashinfer MLA runs it on this node too
-            assert "use --attention-backend flashinfer (exit 0)" in _line(report), _line(report)
-            assert "not yet run on a GPU" in report["verdict"]["todo"][0]
-        else:
-            assert "use --attention-backend cutedsl_mla (exit 6)" in _line(report), _line(report)
+        # cutedsl_mla, checked against its kernel's contract, comes first (and flashinfer MLA where its verify is
+        # planned split); either way the advised launch's evidence is named
+        assert "use --attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
+        assert "not yet run on a GPU" in report["verdict"]["todo"][0]
 
 
 def test_a_draft_tree_under_dcp_is_advised_the_chain_that_runs():

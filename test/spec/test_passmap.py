@@ -62,7 +62,7 @@ def test_schema() -> None:
                               "TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER"]
     keys = {"release", "algorithm", "draft_class", "draft_kind", "target_backend", "draft_backend",
             "draft_backend_flag", "target_kind", "dcp", "rank", "passes"}
-    verdicts = {"consistent", "wrong-rows", "raises", "not-admitted", "not-run"}
+    verdicts = {"consistent", "wrong-rows", "wrong-output", "raises", "not-admitted", "not-run"}
     for case in data["cases"]:
         assert set(case) == keys
         assert case["target_kind"] == "mla"

@@ -31,8 +31,10 @@ SUFFIX = ".json.gz"
 
 # Worst first: what a pass verdict costs the launch.
 RAISES, WRONG_ROWS, NOT_ADMITTED, CONSISTENT, NOT_RUN = "raises", "wrong-rows", "not-admitted", "consistent", "not-run"
-SEVERITY = {RAISES: 0, WRONG_ROWS: 1, NOT_ADMITTED: 2, CONSISTENT: 3, NOT_RUN: 4}
-BROKEN = (RAISES, WRONG_ROWS, NOT_ADMITTED)
+# Each query reads the rows it should, yet the ranks' merged attention is off one rank's (the kernel-oracle rows).
+WRONG_OUTPUT = "wrong-output"
+SEVERITY = {RAISES: 0, WRONG_ROWS: 1, WRONG_OUTPUT: 2, NOT_ADMITTED: 3, CONSISTENT: 4, NOT_RUN: 5}
+BROKEN = (RAISES, WRONG_ROWS, WRONG_OUTPUT, NOT_ADMITTED)
 DRAFT_PASSES = ("DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND")
 # Not a pass: the target backend's own factory, which some releases make refuse speculative decoding under DCP when
 # the model runner builds it (the map's probes).
@@ -68,6 +70,8 @@ class PassFinding:
             return "crashes"
         if self.verdict == NOT_ADMITTED:
             return "stops at startup"
+        if self.verdict == WRONG_OUTPUT:
+            return "the ranks' merged attention is wrong: wrong tokens"
         if self.name in DRAFT_PASSES:
             return "the draft reads other tokens' KV: acceptance collapses"
         return "the target reads other tokens' KV: wrong tokens"
@@ -84,6 +88,8 @@ class PassFinding:
             return f"stops at startup: building the {self.backend} attention backend raises ({self.detail})"
         if self.verdict == NOT_ADMITTED:
             return f"stops when the {self.backend} backend starts its {self.name} ({self.detail})"
+        if self.verdict == WRONG_OUTPUT:
+            return f"the ranks' merged attention in {self.name} is wrong, so its tokens are wrong ({self.detail})"
         if self.name in DRAFT_PASSES:
             return f"the draft reads other tokens' KV in {self.name}, so acceptance collapses ({self.detail})"
         return f"the target reads other tokens' KV in {self.name}, so its tokens are wrong ({self.detail})"
@@ -240,6 +246,27 @@ VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
 VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": "upstream-next 0012"}
 
 
+# Blackwell's MLA backends hand their DCP reads to one flashinfer kernel; the map runs them on an oracle of its
+# documented contract (tools/emulation/mla/decode_oracle.py), judged by their reads and by numbers.
+KERNEL_ORACLE_BACKENDS = ("cutedsl_mla", "trtllm_mla")
+KERNEL_EVIDENCE = ("CPU, against the kernel's documented contract; not yet run on a GPU (flashinfer's "
+                   "trtllm_batch_decode_with_kv_cache_mla, its oracle in tools/emulation/mla/decode_oracle.py; each "
+                   "pass judged by the rows it reads and by the ranks' merged output against one rank, "
+                   "tools/emulation/passmap/blackwell.py)")
+
+
+def kernel_checked(findings) -> bool:
+    """Whether a judgement stands on the kernel oracle: a pass it ran on a Blackwell MLA backend."""
+    return any(f.backend in KERNEL_ORACLE_BACKENDS and f.verdict != NOT_RUN and f.name != BACKEND_INIT
+               for f in findings)
+
+
+def _with_kernel_evidence(findings, evidence: str) -> str:
+    if not kernel_checked(findings):
+        return evidence
+    return f"{evidence}; {KERNEL_EVIDENCE}" if evidence else KERNEL_EVIDENCE
+
+
 def verify_evidence(fix: str) -> str:
     """What a verdict that counts on the verify fix says of it: who carries it and what proves it."""
     return (f"TARGET_VERIFY on flashinfer MLA fixed by {VERIFY_FIXES[fix]} (split: the prefix once per request, the "
@@ -332,6 +359,14 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
                 f"it on {ran}")
     if family and any(c in borrowed for c in flagged):
         note = f"{note}; {family}" if note else family
+    if hicache and not draft_side_only:
+        # A pass read without the round trip but not after it (the Blackwell rows on releases whose HiCache API the
+        # numerics harness's load-back does not drive): the verdict says which, rather than count it checked.
+        unrun = sorted({name for c in flagged for name, r in c["passes"].items() if r["verdict"] != NOT_RUN
+                        and r.get("after_hicache", {}).get("verdict") == NOT_RUN})
+        if unrun:
+            gap = f"not read after a HiCache load-back on sglang {release}: {', '.join(unrun)}"
+            note = f"{note}; {gap}" if note else gap
     findings = _worst(flagged, hicache, dcp, load(release)["passes"])
     if draft_side_only:
         findings = tuple(f for f in findings if f.name in DRAFT_PASSES)
@@ -339,7 +374,8 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
         return Judgement(release, name, dcp, False, why_unmapped=f"the map ran no {name} pass on sglang {release} "
                                                                   "(docs/spec-under-dcp.md says why)")
     uses_fix = evidence and not draft_side_only and any(c["target_backend"] == "flashinfer_mla" for c in flagged)
-    return Judgement(release, name, dcp, True, findings, note=note, evidence=evidence if uses_fix else "")
+    return Judgement(release, name, dcp, True, findings, note=note,
+                     evidence=_with_kernel_evidence(findings, evidence if uses_fix else ""))
 
 
 def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
@@ -414,7 +450,8 @@ def judge_plain(version: str, *, dcp: int, target_backend: str | None) -> Judgem
     if not ran:
         why = records[0]["passes"]["DECODE_EAGER"]["detail"] if records else "no record"
         return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the map cannot check {target_backend} on CPU ({why})")
-    return Judgement(release, PLAIN, dcp, True, _worst(ran, False, dcp, load(release)["plain_passes"]), note=note)
+    findings = _worst(ran, False, dcp, load(release)["plain_passes"])
+    return Judgement(release, PLAIN, dcp, True, findings, note=note, evidence=_with_kernel_evidence(findings, ""))
 
 
 # Where a backend runs: sglang refuses fa3 past Hopper, and the trtllm-gen / CuTe DSL MLA kernels before Blackwell.

@@ -187,8 +187,6 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
 # ---------------------------------------------------------------- the advice
 
 
-# Backends the release runs that the pass map does not model (their passes are unchecked there).
-UNMODELLED_BACKENDS = ("cutedsl_mla",)
 # The attention-backend options a launch names; an advised backend replaces them all.
 BACKEND_OPTIONS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend")
 
@@ -227,11 +225,8 @@ def advise(judge, release, argv: list[str], node: Node, device_rows: int | None,
             capability_major=node.capability[0], hicache=launch.hicache,
             verify_fix=hooks_mod.verify_fix(plugin_on=plugin_on) if launch.algorithm else None,
             draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft))
-        # Then a backend the map does not model but the release runs on this architecture (PR #35221 was validated
-        # on Blackwell's cutedsl_mla): its passes unchecked (exit 6), still a better change than losing DCP.
-        unmodelled = [b for b in UNMODELLED_BACKENDS if node.capability[0] in passes_mod.ARCHITECTURE_BACKENDS.get(b, ())]
-        for other in (*good, *unmodelled):
-            if other == launch.decode or code == verdict_mod.UNCHECKED and other in unmodelled:
+        for other in good:
+            if other == launch.decode:
                 continue
             rest, removed = without(argv, BACKEND_OPTIONS)
             tries.append(([*rest, "--attention-backend", other], ("--attention-backend", other), tuple(removed), (),

@@ -25,6 +25,7 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 
+from .. import passes as passes_mod
 from .hostram import gib
 
 # Exit codes: the verdict on the launch as it will run.
@@ -272,8 +273,11 @@ def checked_clause(judged) -> str:
         return "no DCP, so no pass reads another rank's layout"
     consistent = [f for f in judged.findings if f.verdict == "consistent"]
     backends = ", ".join(sorted({f.backend for f in consistent}))
-    return (f"under DCP the pass map checked {', '.join(f.name for f in consistent)} on {backends}: each reads the rows "
+    text = (f"under DCP the pass map checked {', '.join(f.name for f in consistent)} on {backends}: each reads the rows "
             "it wrote")
+    if passes_mod.kernel_checked(consistent):
+        text += ", and the ranks' merged output is within 1e-5 of one rank"
+    return f"{text} ({judged.note})" if judged.note else text
 
 
 def unmapped_clause(judged) -> str:
@@ -424,8 +428,10 @@ def passes(facts: Facts) -> Verdict:
         reason = f"passes checked on {backends}"
         if facts.backend_picked and facts.backend:
             reason += f", picked by {facts.backend_picked}"
-        if judged.evidence:
+        if "TARGET_VERIFY on flashinfer MLA fixed" in judged.evidence:
             reason += f"; verify: {verify_source(judged.evidence)}, proven on CPU"
+        if passes_mod.KERNEL_EVIDENCE in judged.evidence:
+            reason += "; CPU, against the kernel's documented contract; not yet run on a GPU"
     why = [stock_clause(facts), _plugin_clause(facts)] + list(host_warnings(facts))
     return Verdict(PASSES, reason, host_clause(facts), None, tuple(w for w in why if w),
                    checked_clause(judged) if judged.dcp > 1 else "", "", evidence_of(judged), ())

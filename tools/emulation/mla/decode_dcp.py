@@ -179,6 +179,7 @@ def rank_partial(backend: str, pass_name: str, shape, layout, kv, q, mode: str, 
     import torch
 
     pool = V.pool_for(layout)
+    CURRENT["pool"] = pool  # what the rank holds, for a caller that judges the kernel's reads (run_ranks' observe)
     V.write_prefix(pool, layout, kv, 1 if CURRENT.get("control") == "shift-write" else 0)
     if shape.hicache:
         V.load_back(ops, pool, layout)
@@ -207,12 +208,16 @@ def rank_partial(backend: str, pass_name: str, shape, layout, kv, q, mode: str, 
     return out, lse
 
 
-def run_ranks(backend: str, pass_name: str, shape, dcp: int, mode: str, kv, q):
+def run_ranks(backend: str, pass_name: str, shape, dcp: int, mode: str, kv, q, *, observe=None):
+    """Every rank's ``(out, lse)``; ``observe(rank, pool, reads)``, where given, sees each rank's pool after its
+    pass and the rows the kernel read there (``DecodeMLAOracle.reads``)."""
     layout = V.Layout(shape, dcp)
     partials = []
     for rank in range(dcp):
-        with harness.on_rank(dcp, rank) as ops, spec_settings(shape), V.attention_tp(dcp), gpu_pieces(backend):
+        with harness.on_rank(dcp, rank) as ops, spec_settings(shape), V.attention_tp(dcp), gpu_pieces(backend) as k:
             partials.append(rank_partial(backend, pass_name, shape, layout, kv, q, mode, ops=ops))
+            if observe is not None:
+                observe(rank, CURRENT.pop("pool"), k.reads)
     return partials
 
 

@@ -80,6 +80,9 @@ class DecodeMLAOracle:
     def __init__(self, *, flip_bound: bool = False, lse_other_base: bool = False) -> None:
         self.flip_bound, self.lse_other_base = flip_bound, lse_other_base
         self.calls: list[dict] = []
+        # Per call, per request, per query: the cache rows (page * page_size + slot) it attended, in key order. The
+        # pass map judges a backend by what these rows hold (``emulation.passmap.blackwell``).
+        self.reads: list[list[list[list[int]]]] = []
 
     def __call__(self, query, kv_cache, workspace_buffer=None, qk_nope_head_dim=None, kv_lora_rank=None,
                  qk_rope_head_dim=None, block_tables=None, seq_lens=None, max_seq_len=None, sparse_mla_top_k=0,
@@ -130,6 +133,8 @@ class DecodeMLAOracle:
 
         o = torch.zeros(bs, q_len, heads, kv_lora_rank, dtype=torch.float64)
         s = torch.full((bs, q_len, heads), float("-inf"), dtype=torch.float64)
+        reads: list[list[list[int]]] = []
+        self.reads.append(reads)
         for i, n in enumerate(lens):
             pages = [int(p) for p in table[i][: -(-n // page_size)]]
             if pages and (min(pages) < 0 or max(pages) >= cache.shape[0]):
@@ -137,11 +142,14 @@ class DecodeMLAOracle:
                 raise DecodeContractError(f"request {i} reads page {bad}, outside a cache of {cache.shape[0]} pages")
             keys = cache[pages].reshape(-1, dim)[:n].double() if pages else cache.new_zeros(0, dim).double()
             score = torch.einsum("qhd,kd->qhk", query[i].double(), keys) * float(bmm1_scale)
+            rows = [p * page_size + t for p in pages for t in range(page_size)][:n]
+            reads.append([])
             for j in range(q_len):
                 jj = q_len - 1 - j if self.flip_bound else j
                 seen = (local_visible(globals_[i], q_len, jj, cp_world, cp_rank) if enable_dcp
                         else max(0, n - q_len + jj + 1))
                 seen = min(seen, n)
+                reads[-1].append(rows[:seen])
                 if seen == 0:
                     o[i, j] = 0.0 if enable_dcp else float("nan")
                     continue

@@ -3,7 +3,7 @@ size, as rank 0 and the last rank (``measure``)."""
 
 from __future__ import annotations
 
-from emulation.passmap import eagle
+from emulation.passmap import blackwell, eagle
 from emulation.passmap.dspark import DSPARK_DRAFT_BACKENDS, dspark_case
 from emulation.passmap.fa3 import nextn_fa3_case
 from emulation.passmap.harness import DCP_SIZES, PASSES, Case, default_draft_backend, raised
@@ -59,4 +59,6 @@ def measure(dcp_sizes=DCP_SIZES, only: list | None = None) -> list[dict]:
                 except Exception as exc:  # the release lacks an API the harness drives
                     case, passes = set_up_failed(algorithm, backend, dcp, rank, exc, target)
                 records.append(case.record({p: passes[p] for p in PASSES}))
+    if only is None:  # Blackwell's backends beside flashinfer_mla's DSPARK and EAGLE3 cases (their drafts' passes)
+        records += blackwell.spec_records(records)
     return records

@@ -345,7 +345,8 @@ def raised(exc: BaseException) -> dict:
 
 # ---------------------------------------------------------------- verdicts
 
-SEVERITY = {"raises": 0, "wrong-rows": 1, "not-admitted": 2, "consistent": 3, "not-run": 4}
+# wrong-output: each query reads the rows it should, yet the merged attention is off (Blackwell's kernel rows).
+SEVERITY = {"raises": 0, "wrong-rows": 1, "wrong-output": 2, "not-admitted": 3, "consistent": 4, "not-run": 5}
 
 
 def worse_of(forms: dict) -> dict:

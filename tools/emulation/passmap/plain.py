@@ -16,8 +16,10 @@ stand-in kernels that answer with zeros of the shapes the real kernels return (a
 asks the kernel for one), and unpacks the result as the model does. A backend that returns no LSE is "raises",
 with the model's line; the rows are judged only when the contract holds.
 
-Other MLA backends (trtllm_mla, cutedsl_mla, flashmla, triton) are recorded "not-run": their DCP reads are inside
-the kernel or need it, and preflight says their passes are unchecked.
+Blackwell's ``trtllm_mla`` and ``cutedsl_mla`` hand their DCP reads to one flashinfer kernel: they run on that
+kernel's oracle, judged by their reads and by numbers (``blackwell``). flashmla and triton are recorded
+"not-run": their reads are planned by their kernels or not driven here, and preflight says their passes are
+unchecked.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from emulation.passmap import fa3, harness, nextn
+from emulation.passmap import blackwell, fa3, harness, nextn
 
 PLAIN_PASSES = ("EXTEND", "DECODE_EAGER", "DECODE_GRAPH")
 DRIVEN = ("flashinfer_mla", "fa3")
+# Blackwell's MLA backends, on the oracle of their one kernel: emulation.passmap.blackwell
+KERNEL_ORACLE = blackwell.BACKENDS
 NOT_DRIVEN = {
-    "trtllm_mla": "its DCP block table and causal bounds are built inside the trtllm-gen kernel call, which needs a GPU",
-    "cutedsl_mla": "its DCP page table and per-query bounds are applied inside the CuTe DSL kernel, which needs a GPU",
     "flashmla": "its metadata is planned by the FlashMLA kernel (get_mla_metadata), which needs a GPU",
     "triton": "the harness does not drive the Triton MLA backend's decode",
 }
@@ -227,6 +229,8 @@ WHERE = {
 
 
 def plain_case(backend: str, dcp: int, rank: int) -> dict:
+    if backend in KERNEL_ORACLE:
+        return blackwell.plain_record(backend, dcp, rank)
     record = {"release": harness.release(), "algorithm": None, "target_backend": backend, "target_kind": "mla",
               "dcp": dcp, "rank": rank}
     if backend not in DRIVEN:
@@ -262,7 +266,7 @@ def plain_case(backend: str, dcp: int, rank: int) -> dict:
 
 
 def measure(dcp_sizes=harness.DCP_SIZES) -> list[dict]:
-    return [plain_case(backend, dcp, rank) for backend in (*DRIVEN, *NOT_DRIVEN) for dcp in dcp_sizes
+    return [plain_case(backend, dcp, rank) for backend in (*DRIVEN, *KERNEL_ORACLE, *NOT_DRIVEN) for dcp in dcp_sizes
             for rank in sorted({0, dcp - 1})]
 
 
