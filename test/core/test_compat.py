@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_dcp_dspark.core.compat import installed_sglang_version, locate_tree
+from sglang_dcp_dspark.core.compat import as_shipped, installed_sglang_version, locate_tree
 from sglang_dcp_dspark.core.errors import DcpDsparkError
 
 
@@ -61,3 +61,41 @@ def test_remedy_fits_the_tree_kind(tmp_path):
     hint = locate_tree(tmp_path / "site").restore_hint("==0.5.17")
     assert hint == f"pip install --force-reinstall --no-deps --upgrade --target {(tmp_path / 'site').resolve()} 'sglang==0.5.17'"
     assert locate_tree(None).restore_hint("==0.5.17") == "pip install --force-reinstall --no-deps 'sglang==0.5.17'"
+
+
+def _wheel_tree(tmp_path, text: bytes):
+    """An installed tree whose RECORD lists one file with the sha256 and size pip writes."""
+    import base64
+    import hashlib
+
+    (tmp_path / "sglang" / "srt").mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "srt" / "scheduler.py").write_bytes(text)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text).digest()).rstrip(b"=").decode()
+    info = tmp_path / "sglang-0.5.17.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Name: sglang\nVersion: 0.5.17\n")
+    (info / "RECORD").write_text(f"sglang/__init__.py,,\nsglang/srt/scheduler.py,sha256={digest},{len(text)}\n")
+    return locate_tree(tmp_path)
+
+
+def test_as_shipped_holds_only_for_the_bytes_the_record_names(tmp_path):
+    tree = _wheel_tree(tmp_path, b"def init_memory_pools(self):\n    pass\n")
+    assert as_shipped(tree, "sglang/srt/scheduler.py")
+    assert not as_shipped(tree, "sglang/__init__.py")  # listed without a hash
+    assert not as_shipped(tree, "sglang/srt/absent.py")
+    # One byte changed, the size kept: the hash tells it.
+    (tmp_path / "sglang" / "srt" / "scheduler.py").write_bytes(b"def init_memory_pools(self):\n    pas5\n")
+    assert not as_shipped(tree, "sglang/srt/scheduler.py")
+
+
+def test_a_tree_without_its_record_is_never_as_shipped(tmp_path):
+    tree = _wheel_tree(tmp_path, b"x = 1\n")
+    (tmp_path / "sglang-0.5.17.dist-info" / "RECORD").unlink()
+    assert not as_shipped(tree, "sglang/srt/scheduler.py")
+
+
+def test_the_installed_wheel_is_as_shipped(installed_tree):
+    # version.py is a file no series touches: as shipped wherever the tree kept its wheel's dist-info.
+    kept_dist_info = any(installed_tree.root.glob("sglang-*.dist-info/RECORD"))
+    assert as_shipped(installed_tree, "sglang/version.py") == kept_dist_info

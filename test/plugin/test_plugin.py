@@ -13,6 +13,7 @@ import pytest
 from sglang_dcp_dspark import plugin
 from sglang_dcp_dspark import series as series_mod
 from sglang_dcp_dspark.core import probes
+from sglang_dcp_dspark.core.compat import as_shipped, locate_tree
 from sglang_dcp_dspark.plugin import decisions, hooks
 from sglang_dcp_dspark.plugin import status as plugin_status
 from sglang_dcp_dspark.plugin.hooks import common as hook_common
@@ -259,6 +260,20 @@ def test_an_unrecognised_pool_signature_is_a_verdict_not_an_exception(pool_signa
     assert kv_cache_hooks.registration_verdict().verdict is hook_common.Verdict.UNRECOGNISED
     plugin.install(hooks.BY_TARGET[scheduler_hooks.INIT_MEMORY_POOLS])
     assert registered == []  # no budget hook on code it cannot judge
+
+
+def test_the_shipped_schedulers_verdict_is_the_real_judges(monkeypatch):
+    """preflight reads the budget verdict off 0.5.17's scheduler as its wheel ships it: there the real judge agrees,
+    and a scheduler that is not the wheel's (a patched or copied tree, a later release) gets no shipped verdict."""
+    tree = locate_tree(None)
+    shipped = scheduler_hooks.shipped_budget_verdict()
+    if tree.version not in scheduler_hooks.SHIPPED or not as_shipped(tree, scheduler_hooks.SCHEDULER_FILE):
+        assert shipped is None  # the real judge decides
+        return
+    assert shipped is not None and shipped == scheduler_hooks.budget_verdict()
+    assert shipped.verdict is hook_common.Verdict.NEEDS_FIX
+    monkeypatch.setattr("sglang_dcp_dspark.core.compat.as_shipped", lambda tree, relpath: False)
+    assert scheduler_hooks.shipped_budget_verdict() is None
 
 
 def test_a_probe_that_raises_never_escapes_into_sglangs_import(registered):

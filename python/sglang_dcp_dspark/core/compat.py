@@ -6,7 +6,9 @@ needs paths and a version string, so both are read from files.
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -139,6 +141,31 @@ def parse_version(text: str | None) -> Version | None:
 def version_at_least(version: str | None, floor: str) -> bool:
     parsed = parse_version(version)
     return parsed is not None and parsed >= parse_version(floor)
+
+
+def as_shipped(tree: SglangTree, relpath: str) -> bool:
+    """Is ``relpath`` (``sglang/...``) byte-identical to the file the tree's own wheel installed?
+
+    Read off the tree's ``sglang-*.dist-info/RECORD`` (the sha256 and size pip checked at install), so the answer
+    costs a hash, not an import. False wherever that cannot be shown: a source checkout, a tree copied without its
+    dist-info (the series' trees), a RECORD that does not list the file, or a file changed since."""
+    if tree.layout != "installed":
+        return False
+    records = sorted(tree.root.glob("sglang-*.dist-info/RECORD"))
+    if len(records) != 1:
+        return False
+    try:
+        listed = records[0].read_text(encoding="utf-8")
+        data = (tree.root / relpath).read_bytes()
+    except (OSError, UnicodeDecodeError):
+        return False
+    for line in listed.splitlines():
+        path, _, rest = line.partition(",")
+        if path == relpath:
+            digest, _, size = rest.partition(",")
+            want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            return digest == want and size == str(len(data))
+    return False
 
 
 def installed_sglang_version() -> str | None:

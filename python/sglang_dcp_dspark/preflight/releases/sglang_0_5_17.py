@@ -104,9 +104,11 @@ class Adapter(Release):
 
         from ...core import budget, probes
         from ...plugin.hooks import BY_TARGET, Verdict
+        from ...plugin.hooks.scheduler import shipped_budget_verdict
 
         target = "sglang.srt.managers.scheduler.Scheduler.init_memory_pools"
-        self.findings[target] = BY_TARGET[target].judged()
+        # The verdict on 0.5.17's scheduler as its wheel ships it needs no import of it; any other is judged.
+        self.findings[target] = shipped_budget_verdict() or BY_TARGET[target].judged()
         if self.findings[target].verdict is not Verdict.NEEDS_FIX:
             return launch.hicache_size
         server_args = SimpleNamespace(
