@@ -70,7 +70,8 @@ from .entry import (
 __all__ = [
     "ASSEMBLER", "AUTO_SIZE", "BY_TARGET", "FIXED_UPSTREAM_IN", "FLASHINFER_MLA", "FORWARD_STAGE", "HOOKS",
     "POOLS_STAGE", "RESOLUTION_STAGE", "SIDECAR_CARRIES", "STAGES", "VERIFY_FIX_SINCE", "WRITTEN_FOR", "Decision",
-    "Finding", "Hook", "Verdict", "in_effect", "modules", "verify_fix", "without_pass_check",
+    "Finding", "Hook", "Verdict", "in_effect", "modules", "shipped_budget_verdict", "verify_fix",
+    "without_pass_check",
 ]
 
 HOOKS: tuple[Hook, ...] = (
@@ -78,6 +79,8 @@ HOOKS: tuple[Hook, ...] = (
     *hicache_auto_size.HOOKS, *overrides.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
+# The budget verdict on a scheduler as its wheel ships it, read off the wheel's RECORD (preflight's 0.5.17 adapter).
+shipped_budget_verdict = scheduler.shipped_budget_verdict
 
 
 def modules(stage: str | None = None) -> tuple[str, ...]:

@@ -103,8 +103,7 @@ class Adapter(Release):
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         from ...core import budget, probes
-        from ...plugin.hooks import BY_TARGET, Verdict
-        from ...plugin.hooks.scheduler import shipped_budget_verdict
+        from ...plugin.hooks import BY_TARGET, Verdict, shipped_budget_verdict
 
         target = "sglang.srt.managers.scheduler.Scheduler.init_memory_pools"
         # The verdict on 0.5.17's scheduler as its wheel ships it needs no import of it; any other is judged.
