@@ -8,6 +8,7 @@ test/spec). The verdict strings and the record shape are the generated map's.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import pytest
@@ -184,3 +185,22 @@ def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():
             == passes.NEXTN_MLA_DRAFT.format(dcp=8, algorithm="EAGLE"))
     assert refuse(target_backend="fa3") == passes.FA3_ON_FLASHINFER.format(dcp=8, algorithm="EAGLE")
     assert refuse(target_backend="fa3", draft_mla=True) == passes.FA3_ON.format(dcp=8, algorithm="EAGLE")
+
+
+@pytest.mark.parametrize("release", passes.releases())
+def test_every_backend_a_judgement_names_is_an_attention_backend_value(release):
+    """The shipped tables, judged as preflight judges a launch: every backend a finding names is a value of
+    sglang's ``--attention-backend`` (the installed release's choices), since preflight's line tells the operator
+    what a pass ran on and what to pass instead. 0.5.17's table named its EAGLE drafts' backend by its class,
+    ``FlashInferAttnBackend``, and the embedded node's NEXTN and EAGLE3 launches on cutedsl_mla read "passes checked
+    on FlashInferAttnBackend, cutedsl_mla"."""
+    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES
+
+    named = {}
+    for algorithm, backend in itertools.product(("DSPARK", "EAGLE3", "EAGLE", "NEXTN"),
+                                                (None, "fa3", "flashinfer", "cutedsl_mla", "trtllm_mla")):
+        judged = passes.judge(release, algorithm, dcp=8, own_layer=algorithm == "NEXTN", target_backend=backend)
+        for found in judged.findings:
+            named.setdefault(found.backend, f"{algorithm} {found.name} (--attention-backend {backend})")
+    assert len(named) >= 3, named  # the map ran fa3, flashinfer and Blackwell's backends: a table was read
+    assert {b: where for b, where in named.items() if b not in ATTENTION_BACKEND_CHOICES} == {}

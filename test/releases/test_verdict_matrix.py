@@ -4,6 +4,7 @@
 process on stock 0.5.17, stock 0.5.23 and 0.5.23 with patches/upstream-next. Each verdict is held to:
 
 - its line is at most 160 characters, and each line of the block beneath it at most 100;
+- it names backends by their --attention-backend values, never by a class;
 - a launch that passes (0 or 6) never says that no backend runs it;
 - "stock sglang admits it too" only where stock sglang, judged the same way with the plugin off, does not reject it
   nor break a pass;
@@ -16,6 +17,7 @@ process on stock 0.5.17, stock 0.5.23 and 0.5.23 with patches/upstream-next. Eac
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,9 @@ def contradictions(node: str, kind: str, backend: str | None, plugin: bool) -> l
     found = []
     if len(line) > LINE_WIDTH:
         found.append(f"a line of {len(line)} characters")
+    by_class = re.search(r"\b[A-Z]\w*Backend\b", line)
+    if by_class:
+        found.append(f"a backend named by its class ({by_class.group()}), not its value")
     if code == 2:
         return found
     if code in (0, 6) and ("none runs" in text or "runs it correctly" in text):

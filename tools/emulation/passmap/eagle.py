@@ -167,15 +167,19 @@ def draft_backends(runner):
     harness.stub_flashinfer_mha(fb_module)
     du = importlib.import_module(DU)
     if "server_args" in inspect.signature(du.DraftBackendFactory.__init__).parameters:  # 0.5.17 takes them first
-        factory = du.DraftBackendFactory(harness.ReleaseArgs(speculative_eagle_topk=1, attention_backend="flashinfer"), runner, 1, harness.STEPS)
+        factory = du.DraftBackendFactory(harness.ReleaseArgs(speculative_eagle_topk=1, attention_backend=ATTENTION_BACKEND),
+                                         runner, 1, harness.STEPS)
     else:
         factory = du.DraftBackendFactory(runner, 1, harness.STEPS)
     return factory.create_decode_backend(), factory.create_draft_extend_backend()
 
 
 def backend_name(backend) -> str:
-    """The name the factory stamped on the backend (``prefill_attention_backend_str``), else its class."""
-    return getattr(backend, "prefill_attention_backend_str", None) or type(backend).__name__
+    """The ``--attention-backend`` value the draft's backend runs as: the name the factory stamped on it
+    (``prefill_attention_backend_str``, 0.5.18 on). 0.5.17's factory stamps none; with no draft-backend flag it
+    builds the backend of the value its server args name, :data:`ATTENTION_BACKEND`. Never the class's name: the
+    map's backends are read back as the values an operator passes (preflight's lines name them)."""
+    return getattr(backend, "prefill_attention_backend_str", None) or ATTENTION_BACKEND
 
 
 # ---------------------------------------------------------------- the draft's write door
