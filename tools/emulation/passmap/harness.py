@@ -368,6 +368,12 @@ def worst_cell(ps: list[dict]) -> str:
 def prepare() -> None:
     """Before sglang is imported: Triton's interpreter (its kernels are decorated at import), quiet logs."""
     os.environ["TRITON_INTERPRET"] = "1"
+    # A kernel launch the run already interpreted with the same inputs replays its writes (emulation.triton_memo).
+    from emulation import imports, triton_memo
+
+    triton_memo.install()
+    # Under make test: which sglang files this process imported, for tools/suite.py's report (emulation.imports).
+    imports.write_at_exit()
     # The flashinfer/trtllm workspace is the kernels' scratch (512 MiB by default, zero-filled for trtllm_mha); only
     # the metadata builders run here, so each backend object gets a small one.
     os.environ.setdefault("SGLANG_FLASHINFER_WORKSPACE_SIZE", str(1 << 20))
