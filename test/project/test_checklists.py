@@ -9,6 +9,7 @@ checklist's first and fourth files cannot drift apart.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,79 @@ def test_a_missing_file_is_caught(tmp_path):
     assert [f for f in files if not exists(f)] == ["docs/nowhere.md"]
     assert exists("python/sglang_dcp_dspark/passes/data/<release>.json.gz")
     assert not exists("python/sglang_dcp_dspark/passes/data/<release>.json.zst")
+
+
+# -- The newest release is named only where the checklist says ------------------------------------------------------
+# Adding a release edits the checklist's files and no other: so no other file may say which release is the newest.
+# A file says it by a range that ends there ("0.5.17 to N", "0.5.19-N", "up to N"), by calling N the newest, latest
+# or today's, or by comparing with the last of a list of releases. Prose says "the newest release the package
+# covers", or reads the release table; a fact of one release ("N builds its host pools in the hybrid assembler")
+# names that release and stays true when another is added.
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(map(int, release.split(".")))
+
+
+NEWEST = max(passes.releases(), key=_version)
+
+
+def newest_claims(text: str, newest: str) -> list[str]:
+    """Each line of ``text`` that names ``newest`` as the newest release, as 'line N: text'."""
+    n = re.escape(newest)
+    claims = (
+        rf"\b\d+\.\d+\.\d+\s*(?:to|through|-|–|—|\.\.)\s*(?:sglang\s+)?{n}(?![\d.]*\d)",
+        rf"\b(?:up to|until|till)\s+(?:sglang\s+)?{n}(?![\d.]*\d)",
+        rf"\b(?:newest|latest|today)\b.*\b{n}(?![\d.]*\d)",
+        rf"\b{n}(?![\d.]*\d).*\b(?:newest|latest|today)\b",
+        rf"\[-1\]\s*==\s*['\"]{n}['\"]",
+    )
+    pattern = re.compile("|".join(f"(?:{c})" for c in claims), re.I)
+    return [f"line {i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+
+
+def checklist_files() -> set[str]:
+    """The files the release checklist names, with ``<release>`` read as every release (repository paths)."""
+    named = checklists(LAYOUT.read_text(encoding="utf-8"))["Add a release"]
+    out = set()
+    for item in named:
+        pattern = re.sub(r"<[a-z]+>", "*", item)
+        out |= {str(p.relative_to(REPO)) for p in REPO.glob(pattern)} if "*" in pattern else {item}
+    return out
+
+
+def tracked_text_files() -> dict[str, str]:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    out = {}
+    for name in filter(None, listed):
+        path = REPO / name
+        if path.is_file():
+            try:
+                out[name] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:  # a compressed table: no prose
+                continue
+    return out
+
+
+def test_no_file_outside_the_release_checklist_names_the_newest_release():
+    allowed = checklist_files()
+    found = {name: claims for name, text in sorted(tracked_text_files().items()) if name not in allowed
+             and (claims := newest_claims(text, NEWEST))}
+    listing = "; ".join(f"{name} {c}" for name, claims in found.items() for c in claims)
+    assert not found, (f"{len(found)} files outside docs/layout.md's release checklist name {NEWEST} as the newest "
+                       f"release: {listing}; expected only the checklist's files to; fix: say 'the newest release "
+                       "the package covers' (or read the release table), or name the file in the checklist")
+
+
+def test_the_newest_release_planted_outside_the_checklist_is_caught():
+    # Control: the scan sees each way of saying it, in a file the checklist does not name, and only there.
+    for planted in (f"every release from 0.5.17 to {NEWEST} works", f"sglang 0.5.19-{NEWEST}: the sidecar",
+                    f"{NEWEST} is what pip gives today", f'assert releases[-1] == "{NEWEST}"',
+                    f"supported up to sglang {NEWEST}."):
+        assert newest_claims(f"# docs\n\n{planted}\n", NEWEST) == [f"line 3: {planted}"], planted
+    # A fact of one release, or a longer version number, is not a claim about the newest.
+    for fact in (f"{NEWEST} builds its host pools in the hybrid assembler", f"0.5.17 to {NEWEST}1",
+                 f"build/trees/sglang-{NEWEST}-next", f"0.5.22 and {NEWEST}"):
+        assert newest_claims(fact, NEWEST) == [], fact
+    assert "docs/operator-guide.md" not in checklist_files() and "patches/trees.json" in checklist_files()

@@ -36,7 +36,7 @@ def covers(draft_rows: int, target_logical_slots: int) -> bool:
 def host_pool_rows(rows: int, page_size: int) -> int:
     """The rows sglang's host pool ends up with for ``rows`` asked: up past the last whole page.
 
-    It keeps one page more than the whole pages that fit (0.5.17 to 0.5.23:
+    It keeps one page more than the whole pages that fit (0.5.17 on:
     ``page_num = size // page_size + 1``); the budget split holds that page back.
     """
     return (int(rows) // int(page_size) + 1) * int(page_size)

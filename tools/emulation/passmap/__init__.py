@@ -23,7 +23,7 @@ For one sglang release (the tree on ``PYTHONPATH``), on CPU, with small pools:
 
 Target backends: flashinfer MLA (``FlashInferMLAAttnBackend``, ``--attention-backend flashinfer`` on an MLA model)
 and fa3 (``FlashAttentionBackend`` in its MLA mode, its rows = ``page_table`` x ``cache_seqlens``; ``sgl_kernel`` is
-a stand-in module whose kernels raise if called). Releases 0.5.17-0.5.23: pools, write doors, read-id builders and
+a stand-in module whose kernels raise if called). Releases 0.5.17 on: pools, write doors, read-id builders and
 HiCache pieces are each release's own, called with the signatures that release has (see docs/spec-under-dcp.md).
 
 The modules:

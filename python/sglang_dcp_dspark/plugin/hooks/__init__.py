@@ -38,7 +38,7 @@ import contextlib
 from collections.abc import Iterator
 
 # The carriers. HOOKS below takes their entries in the table's order: sglang 0.5.17's gate, draft registration
-# and scheduler budget; the draft sidecar of 0.5.19 to 0.5.23 (patches/upstream-next 0001-0003, 0009); every
+# and scheduler budget; the draft sidecar of 0.5.19 on (patches/upstream-next 0001-0003, 0009); every
 # release the pass map covers (the speculative check); and the flashinfer MLA verify planned split on 0.5.22 and
 # 0.5.23 (0012).
 from . import (

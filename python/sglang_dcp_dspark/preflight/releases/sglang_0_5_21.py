@@ -1,6 +1,6 @@
-"""sglang 0.5.21 to 0.5.23: HiCache sizes itself from the host's memory.
+"""sglang 0.5.21 and later: HiCache sizes itself from the host's memory.
 
-What changed from 0.5.20, as read in the 0.5.21 to 0.5.23 wheels:
+What changed from 0.5.20, as read in the wheels of 0.5.21 and later:
 
 - ``--hicache-host-memory-fraction`` (default 0.8): without an explicit
   ``--hicache-ratio`` or ``--hicache-size``, the resolved ratio (2.0) is only a
