@@ -7,9 +7,15 @@ STAMP  := $(VENV)/.setup-stamp
 PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
-.PHONY: setup trees upstream-trees release-trees next-trees demo lint check test bench bench-smoke gpu-check gpu-bundle clean
+.PHONY: help setup trees upstream-trees release-trees next-trees demo lint check test test-report bench bench-smoke \
+	gpu-check gpu-bundle clean
 
-setup: $(STAMP)
+# Each target's line in `make help` is the `## ...` beside it, here or in build/trees.mk (rendered from
+# patches/trees.json).
+help: ## this list: every target, one line each
+	@awk -F':[^#]*## ' '/^[a-zA-Z0-9_.-]+:[^=]*## /{printf "  %-26s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP) ## create or update .venv: real sglang 0.5.17 on CPU, this package
 
 # sglang goes in with --no-deps: its own requirements pin the CUDA stack.
 $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/constraints.txt
@@ -28,24 +34,24 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # per tree under build/trees, the groups `trees` (the 0.5.17 copy with the
 # backport applied), `upstream-trees` (PR #35221 in upstream's form: stock
 # 0.5.18, the PR's parent rebuilt from it by reversing the series, and that
-# parent re-patched), `release-trees` (stock 0.5.19 to 0.5.22, on which
-# preflight and the plugin are judged by each release's own code) and
-# `next-trees` (0.5.23 and the copy with patches/upstream-next), and
-# TREE_TESTS, one pytest run per tree.
+# parent re-patched), `release-trees` (the stock releases no series is written
+# for) and `next-trees` (the release patches/upstream-next is written for, and
+# the copy with the series), and a target test-<label> per run of make test
+# (TEST_RUNS, longest first), with UNIT_TESTS and TREE_FREE_TESTS for make check.
 include build/trees.mk
 
 build/trees.mk: patches/trees.json $(wildcard patches/*/config.json) tools/tree_table.py
-	mkdir -p $(@D) && $(PYTHON) tools/tree_table.py --make > $@.tmp && mv $@.tmp $@
+	@mkdir -p $(@D) && $(PYTHON) tools/tree_table.py --make > $@.tmp && mv $@.tmp $@
 
 # preflight's exit code is its verdict on the launch (0 passes, 1 rejected, 3 stops at startup, 5 a broken pass,
 # 6 passes with its passes under DCP unchecked): the demo succeeds whenever a verdict is reached and printed, and
 # fails on bad input (2) or an internal error (4).
-demo: setup
+demo: setup ## preflight on its embedded default (exit 0 once a verdict is printed)
 	$(CLI) status
 	$(CLI) preflight; code=$$?; case $$code in 0|1|3|5|6) exit 0;; *) exit $$code;; esac
 
 # ruff, configured in pyproject.toml (CI runs it before the tests).
-lint: setup
+lint: setup ## ruff over the repository
 	$(BIN)/ruff check .
 
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
@@ -59,7 +65,7 @@ lint: setup
 # on real multi-process DCP groups of 2, 4 and 8 ranks; and what planning one
 # verify step under DCP costs, the per-row design beside the split one (0012),
 # on 0.5.23 (docs/verify-under-dcp.md).
-bench: setup trees next-trees
+bench: setup trees next-trees ## every benchmark in bench/, at full size (figures for the docs)
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/plugin_overhead.py --tree $(TREE_next_stock)
@@ -72,7 +78,7 @@ bench: setup trees next-trees
 
 # Every bench above once, at its smallest size, on the same trees (CI runs it after the tests): it proves each
 # script still runs from a fresh clone, in well under 3 minutes. Its figures are no measurement; make bench's are.
-bench-smoke: setup trees next-trees
+bench-smoke: setup trees next-trees ## every benchmark once at its smallest size (CI runs it)
 	$(BIN)/python bench/host_memory.py --dcp 8 --model DeepSeek-V3
 	$(BIN)/python bench/plugin_overhead.py --smoke
 	$(BIN)/python bench/pass_map_cost.py --tree $(TREE_next_stock) --smoke
@@ -81,25 +87,27 @@ bench-smoke: setup trees next-trees
 	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py --dcp 2
 	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py --smoke
 
-# The unit tier: the package's own tests on the installed sglang alone (no tree
-# to build), in a few minutes; make test runs them again with everything else.
-CHECK_TESTS := test/project/test_layout.py test/project/test_every_test_ran.py test/project/test_tree_table.py \
-	test/cli test/core test/plugin test/preflight test/passes test/series test/numerics/test_mla_oracle.py \
-	test/numerics/test_decode_oracle.py
-# (The tree table's check of every built tree is left to make test: the unit tier builds none.)
-check: setup
-	DCP_DSPARK_TREE=stock $(PYTEST) -q $(CHECK_TESTS) \
-		--deselect test/project/test_tree_table.py::test_every_series_reads_as_the_table_says_on_every_tree
+# The unit tier: the package's own tests on the installed sglang alone, with no tree to build, and the tests that
+# import no sglang (patches/trees.json's `unit` runs and `tree_free`), two runs at a time, each to its log under
+# build/check. Tests marked `trees` read the trees make test builds: they run in make test's runs, not here.
+check: setup ## the unit tier, no tree built: the package's tests, the tree-free ones
+	$(MAKE) --no-print-directory -k -j2 $(CHECK_RUNS)
 
-# pytest runs once per sglang tree of patches/trees.json, with PYTHONPATH on
-# that tree and DCP_DSPARK_TREE naming it (the tree's `tests` in
-# patches/trees.json say which directories); then test/every_test_ran.py checks that every test passed on
-# at least one tree. Tests marked `regression` describe the fix: on a tree the table
-# marks `defect` they are strict xfails, elsewhere they must pass. The stock
-# run takes all of test/ (test/cli/test_export.py also reads the other trees);
-# test/datapath runs on every tree (docs/hicache-datapath.md has the matrix).
-test: setup $(TREE_TARGETS)
-	$(TREE_TESTS)
+# Every run of patches/trees.json (a pytest process per sglang tree, the unit tier, the tree-free tests) is a make
+# target of its own, test-<label> (build/trees.mk), which tools/suite.py runs: its output goes to build/logs/<label>.log,
+# its results to build/junit/<label>.xml and .json, kept until the next make test. make test builds every tree first,
+# then starts the runs two at a time, the longest first (TEST_RUNS, by each run's cost_s); then test/every_test_ran.py checks that every test passed on at least one run, and
+# tools/suite.py report prints which runs passed (a failing run's log tail), each run's wall time and test count,
+# and the slowest tests. Tests marked `regression` describe the fix: on a tree the table marks `defect` they are
+# strict xfails, elsewhere they must pass.
+test: setup ## every test, two runs at a time, then the report (build/logs, junit)
+	rm -rf build/junit build/logs
+	$(MAKE) --no-print-directory -j2 $(TREE_TARGETS)
+	-$(MAKE) --no-print-directory -k -j2 $(TEST_RUNS)
+	@$(BIN)/python test/every_test_ran.py build/junit; every=$$?; $(BIN)/python tools/suite.py report && exit $$every
+
+test-report: ## the last make test's report: runs passed, time per run, slowest tests
+	@$(BIN)/python tools/suite.py report
 
 # On a machine with one CUDA GPU (never in CI): round trip and stress at dcp 8
 # with device pools on cuda, pinned host pools and real streams. A GPU machine
@@ -107,12 +115,12 @@ test: setup $(TREE_TARGETS)
 # for Python 3.12 and the series' files) and runs tools/emulation/datapath/gpu_run.sh.
 # Without the venv (a bare GPU machine), EMULATION puts the library on the path the way the editable install does.
 EMULATION := python:tools
-gpu-check:
+gpu-check: ## one CUDA GPU: the HiCache data path at dcp 8 on real memory (not in CI)
 	PYTHONPATH=$(EMULATION)$${PYTHONPATH:+:$$PYTHONPATH} $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m emulation.datapath.gpu_check
 
 GPU_BUNDLE := build/gpu
 GPU_PLATFORMS := $(foreach n,2_28 2_27 2_26 2_24 2_17,--platform manylinux_$(n)_x86_64) --platform manylinux2014_x86_64
-gpu-bundle: trees
+gpu-bundle: trees ## build/gpu: sglang's wheels and the series, for a GPU machine offline
 	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)/whl $(GPU_BUNDLE)/overlay
 	$(BIN)/python -m pip download -q --no-deps -d $(GPU_BUNDLE)/whl sglang==$(SGLANG_BASE)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -121,5 +129,5 @@ gpu-bundle: trees
 		print(' '.join(f.removeprefix('python/') for f in series.load_series('sglang-$(SGLANG_BASE)').files))") \
 		$(CURDIR)/$(GPU_BUNDLE)/overlay/
 
-clean:
+clean: ## remove build/ and .venv
 	rm -rf build $(VENV)

@@ -5,14 +5,34 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
+import tree_table
 from sglang_dcp_dspark.core.compat import SglangTree, locate_tree
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
+
+# make test's runs set it (tools/tree_table.py): "only" in the tree-free run, "skip" in every other run, so that a
+# test that imports no sglang runs once. Unset (pytest by hand), every test asked for runs.
+TREE_FREE = os.environ.get(tree_table.TREE_FREE_ENV)
+if TREE_FREE == "skip":
+    collect_ignore = [str(REPO / path) for path in tree_table.TREE_FREE_TESTS]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The tree-free run fails if anything it ran imported sglang: a test that does belongs to a tree's run."""
+    if TREE_FREE != "only":
+        return
+    imported = sorted(name for name in sys.modules if name == "sglang" or name.startswith("sglang."))
+    if imported:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nerror: the tree-free run imported sglang ({len(imported)} modules, first {imported[0]}); expected "
+              f"none: its tests are patches/trees.json's tree_free; fix: move the test that imports it out of that "
+              f"list, into a tree's run", file=sys.stderr)
 
 
 @pytest.fixture(autouse=True)

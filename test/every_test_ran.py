@@ -1,9 +1,9 @@
-"""After every tree's run of ``make test``: each test ran and passed on at least one tree.
+"""After every run of ``make test``: each test ran and passed on at least one run.
 
-``make test`` runs pytest once per tree of patches/trees.json, each writing a
-JUnit file under build/junit (one per tree label). A test skipped on every
-tree, or one that failed everywhere, tests nothing anywhere; this check names
-it. An expected failure counts as a pass: the suite's xfails are strict, so
+``make test`` runs pytest once per run of patches/trees.json (a tree, the unit
+tier, the tree-free tests; tools/suite.py), each writing a JUnit file under
+build/junit (one per run label). A test skipped on every run, or one that
+failed everywhere, tests nothing anywhere; this check names it. An expected failure counts as a pass: the suite's xfails are strict, so
 each asserts its failure (a defect on a stock tree, or a wrong pair the data
 path must catch). A parametrization with no case on a tree shows there as
 ``name[none]``, skipped with the reason; it is judged by the cases the same
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         print(f"never passed on any tree: {test} ({', '.join(f'{t}: {o}' for t, o in sorted(trees.items()))}); "
               "expected a tree that runs it; fix: add its directory to a tree's tests in patches/trees.json, or drop the test")
     print(f"{len(seen) - len(never)} of {len(seen)} tests passed (or failed as they assert) on at least one of "
-          f"{len(list(junit_dir.glob('*.xml')))} trees")
+          f"{len(list(junit_dir.glob('*.xml')))} runs")
     return 1 if never else 0
 
 

@@ -1,7 +1,7 @@
 """What the per-tree pytest runs share: the tree label, strict xfails for the defect, and series checks.
 
 `make test` runs pytest once per tree of patches/trees.json (tools/tree_table.py
-reads it), with PYTHONPATH on that tree and DCP_DSPARK_TREE naming it; each
+reads it; tools/suite.py runs each), with PYTHONPATH on that tree and DCP_DSPARK_TREE naming it; each
 per-tree conftest checks that the imported sglang is the tree the label names
 and that its series read as the table says.
 """

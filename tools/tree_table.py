@@ -5,7 +5,13 @@
   DEP-3 headers say, its upstream PRs);
 - ``patches/trees.json``: every tree label (the DCP_DSPARK_TREE of a test
   run), its sglang release, how it is built and the state each series must
-  read as there, and which test directories ``make test`` runs on it (``tests``).
+  read as there, and which test directories ``make test`` runs on it (``tests``);
+  and the two runs that are no tree's: the unit tier (``unit``: the package's
+  own tests on the venv's sglang, ``make check``) and the tree-free tests
+  (``tree_free``: tests that import no sglang, run once).
+
+``RUNS`` is every pytest run of ``make test``, each a make target of its own
+(``make test-<label>``) that tools/suite.py runs, two at a time.
 
 Only the standard library is used: make runs ``python3 tools/tree_table.py
 --make`` before the virtual environment exists.
@@ -40,6 +46,9 @@ class Tree:
     expect: dict  # series name -> the state ``inspect`` must report
     test_dirs: tuple[str, ...]
     status_first: bool = False
+    reads: tuple[str, ...] = ()  # other trees its tests read (they are built before its run)
+    same_files_as: str | None = None  # byte-identical to that tree: asserted by a hash, not suited twice
+    cost_s: int = 0  # about how long its run takes (seconds, 2-core machine), to start the longest runs first
 
     @property
     def path(self) -> Path | None:
@@ -61,7 +70,8 @@ SERIES: dict[str, dict] = {
     for path in sorted((REPO / "patches").glob("*/config.json"))
 }
 TREES: dict[str, Tree] = {
-    label: Tree(label=label, test_dirs=tuple(row["tests"]), **{k: v for k, v in row.items() if k != "tests"})
+    label: Tree(label=label, test_dirs=tuple(row["tests"]), reads=tuple(row.get("reads", ())),
+                **{k: v for k, v in row.items() if k not in ("tests", "reads")})
     for label, row in _RAW["trees"].items()
 }
 
@@ -71,12 +81,75 @@ def trees_testing(series: str) -> dict[str, Tree]:
     return {label: t for label, t in TREES.items() if t.suite == series}
 
 
+TREE_FREE_ENV = "DCP_DSPARK_TREE_FREE"  # "only" in the tree-free run, "skip" in every other run of make test
+UNIT_RUNS: dict[str, dict] = _RAW["unit"]["runs"]  # the unit tier, as runs: label -> tests, cost_s
+TREE_FREE_TESTS: tuple[str, ...] = tuple(_RAW["tree_free"]["tests"])
+
+
+@dataclass(frozen=True)
+class Run:
+    """One pytest process of ``make test``: its label (make test-<label>, build/junit/<label>.xml), the tree it
+    imports, what it collects, and the other trees it reads."""
+
+    label: str
+    tree: Tree
+    test_paths: tuple[str, ...]
+    tree_free: str  # the TREE_FREE_ENV value: "only" (the tree-free run) or "skip"
+    reads: tuple[str, ...]
+    cost_s: int  # about how long it runs (seconds, 2-core machine): make starts the longest first
+    title: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {"DCP_DSPARK_TREE": self.tree.label, TREE_FREE_ENV: self.tree_free}
+        if self.tree.dir:
+            env["PYTHONPATH"] = self.tree.make_path
+        return env
+
+    @property
+    def status_first(self) -> bool:
+        return self.tree.status_first and self.label == self.tree.label
+
+    @property
+    def tree_path(self) -> str | None:
+        return self.tree.make_path
+
+    @property
+    def pytest_args(self) -> tuple[str, ...]:
+        return self.test_paths
+
+    def shell_line(self, marks: tuple[str, ...] = ()) -> str:
+        env = " ".join(f"{k}={v}" for k, v in self.env.items())
+        quoted = [f'"{m}"' if " " in m else m for m in marks]
+        return f"{env} pytest {' '.join([*quoted, *self.pytest_args])}"
+
+    def make_deps(self) -> list[str]:
+        own = [_stamp(self.tree)] if self.tree.dir else ["$(STAMP)"]
+        return own + [_stamp(TREES[label]) for label in self.reads if TREES[label].dir and _stamp(TREES[label]) not in own]
+
+
+def _runs() -> dict[str, Run]:
+    stock = TREES["stock"]
+    runs = {
+        "tree-free": Run("tree-free", stock, TREE_FREE_TESTS, "only", (), _RAW["tree_free"]["cost_s"],
+                         "the tests that import no sglang"),
+    }
+    for label, row in UNIT_RUNS.items():
+        # The unit tier's tests marked trees read every tree (the table's states, the series' re-exports).
+        runs[label] = Run(label, stock, tuple(row["tests"]), "skip", tuple(t.label for t in TREES.values() if t.dir),
+                          row["cost_s"], row["title"])
+    for tree in TREES.values():
+        if tree.test_dirs:
+            runs[tree.label] = Run(tree.label, tree, tree.test_dirs, "skip", tree.reads, tree.cost_s, tree.title)
+    return runs
+
+
 def _stamp(tree: Tree) -> str:
     return f"{tree.make_path}/.stamp"
 
 
 def make_include() -> str:
-    """build/trees.mk: a rule per built tree, the tree groups, and the per-tree test runs."""
+    """build/trees.mk: a rule per built tree, the tree groups, and a make target per run of make test."""
     out = [
         "# Generated from patches/trees.json by tools/tree_table.py --make; edit the table, not this file.",
         f"SGLANG_BASE := {VERSIONS['base']}",
@@ -120,22 +193,26 @@ def make_include() -> str:
             groups.setdefault(tree.make_target, []).append(_stamp(tree))
     out.append("")
     for target, stamps in groups.items():
-        out.append(f"{target}: {' '.join(stamps)}")
-    out += ["", f"TREE_TARGETS := {' '.join(groups)}", "", "define TREE_TESTS", "rm -rf build/junit && mkdir -p build/junit"]
-    for tree in TREES.values():
-        if tree.status_first:
-            out.append(f"$(CLI) status --target {tree.make_path}")
-        out.append(tree_run(tree))
-    # Every test ran and passed on at least one tree (test/every_test_ran.py reads the runs' JUnit files).
-    out += ["$(BIN)/python test/every_test_ran.py build/junit", "endef", ""]
-    return "\n".join(out)
+        releases = list(dict.fromkeys(t.sglang for t in TREES.values() if t.dir and _stamp(t) in stamps))
+        count = f"{len(stamps)} tree{'s' if len(stamps) > 1 else ''}"
+        out.append(f"{target}: {' '.join(stamps)} ## build {count} under build/trees (sglang {', '.join(releases)})")
+    out += ["", f"TREE_TARGETS := {' '.join(groups)}"]
+    # One make target per run; make test starts them longest first, two at a time (tools/suite.py runs one).
+    order = sorted(RUNS.values(), key=lambda r: -r.cost_s)
+    checks = [r for r in order if r.label in UNIT_RUNS or r.label == "tree-free"]
+    out += [f"TEST_RUNS := {' '.join(f'test-{r.label}' for r in order)}",
+            f"CHECK_RUNS := {' '.join(f'check-{r.label}' for r in checks)}",
+            ".PHONY: $(TEST_RUNS) $(CHECK_RUNS)"]
+    for run in RUNS.values():
+        out += ["", f"test-{run.label}: {' '.join(run.make_deps())} ## one run of make test: {run.title}",
+                f"\t$(BIN)/python tools/suite.py run {run.label}"]
+    for run in checks:  # make check: the same runs with no tree built (the tests marked trees left to make test)
+        out += ["", f"check-{run.label}: $(STAMP) ## one run of make check: {run.title}",
+                f"\t$(BIN)/python tools/suite.py check {run.label}"]
+    return "\n".join(out) + "\n"
 
 
-def tree_run(tree) -> str:
-    """The pytest run of one tree in ``make test``, with its JUnit file for test/every_test_ran.py."""
-    pythonpath = f" PYTHONPATH={tree.make_path}" if tree.dir else ""
-    return (f"DCP_DSPARK_TREE={tree.label}{pythonpath} $(PYTEST) --junitxml=build/junit/{tree.label}.xml "
-            f"{' '.join(tree.test_dirs)}")
+RUNS: dict[str, Run] = _runs()
 
 
 def markdown(series: str) -> str:
@@ -146,8 +223,10 @@ def markdown(series: str) -> str:
     ]
     for label, tree in trees_testing(series).items():
         where = f"`{tree.dir}`" if tree.dir else "(the venv's sglang)"
-        pythonpath = f"PYTHONPATH={tree.make_path} " if tree.dir else ""
-        run = f"`DCP_DSPARK_TREE={label} {pythonpath}pytest {' '.join(tree.test_dirs)}`"
+        if label in RUNS:
+            run = f"`make test-{label}`: `{RUNS[label].shell_line()}`"
+        else:
+            run = f"none: its files are {tree.same_files_as}'s, asserted by their hash (`test/project/test_tree_table.py`)"
         state = tree.expect[series] + (" (tests marked regression: strict xfails)" if tree.defect else "")
         rows.append(f"| `{label}` | {tree.title} | {where} | {state} | {run} |")
     return "\n".join(rows) + "\n"

@@ -84,7 +84,13 @@ def test_every_patch_carries_its_dep3_header(name):
         assert all(f.startswith(tuple(row["files_under"])) for f in patch.files), patch.files
 
 
-@pytest.mark.parametrize("name", list(tree_table.SERIES))
+def _on_its_tree(name: str):
+    """The series' name, marked ``trees`` where the tree it is re-exported on is one make test builds."""
+    built = tree_table.TREES[tree_table.SERIES[name]["reexport_on"]].dir is not None
+    return pytest.param(name, marks=[pytest.mark.trees] if built else [])
+
+
+@pytest.mark.parametrize("name", [_on_its_tree(name) for name in tree_table.SERIES])
 def test_series_git_ams_onto_its_tree_and_reexports_byte_for_byte(name, tmp_path):
     """CI's freshness check, for every series on the tree the table names: the committed files are exactly what export makes of them."""
     assert_reexports(series_mod.load_series(name), reexport_tree(name), tmp_path)
@@ -95,12 +101,14 @@ def series():
     return series_mod.load_series(SERIES)
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_workbench_refuses_a_tree_the_series_does_not_am_onto(series, tmp_path):
     with pytest.raises(DcpDsparkError, match="does not git-am onto") as err:
         maintain.workbench(need(STOCK), series, tmp_path / "repo")
     assert "\n" not in str(err.value) and "fix: sglang-dcp-dspark base" in str(err.value)
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
     stock = need(STOCK)
     maintain.reconstruct_base(stock, series, tmp_path / "base")
@@ -113,6 +121,7 @@ def test_base_is_the_release_with_exactly_the_series_reversed(series, tmp_path):
         assert base.path_of(name).read_bytes() == need(BASE).path_of(name).read_bytes(), name
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_base_refuses_a_tree_without_the_fix(series, tmp_path):
     with pytest.raises(DcpDsparkError, match="does not reverse-apply") as err:
         maintain.reconstruct_base(need(BASE), series, tmp_path / "base")
@@ -120,6 +129,7 @@ def test_base_refuses_a_tree_without_the_fix(series, tmp_path):
     assert not (tmp_path / "base").exists()
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_base_refuses_a_non_empty_out(series, tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "keep").write_text("x")
@@ -128,6 +138,7 @@ def test_base_refuses_a_non_empty_out(series, tmp_path):
     assert (tmp_path / "base" / "keep").read_text() == "x"
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_apply_on_the_base_gives_the_release_and_revert_takes_it_back(series, tmp_path):
     """A full apply of a series in upstream's form reads as "fixed upstream", and that is success.
 
@@ -150,6 +161,7 @@ def test_apply_on_the_base_gives_the_release_and_revert_takes_it_back(series, tm
     assert not (root / series_mod.RECORD).exists()
 
 
+@pytest.mark.trees  # sglang 0.5.18 and the PR's parent, under build/trees
 def test_stock_release_reads_fixed_upstream_and_apply_leaves_it(series):
     stock = need(STOCK)
     status = patching.inspect(stock, series)

@@ -2,7 +2,7 @@
 
 `make test` runs this directory on every tree whose test_dirs list it (0.5.18,
 0.5.19 to 0.5.22, 0.5.23 and 0.5.23 with patches/upstream-next), and the stock
-run takes all of test/, so 0.5.17 too. Each run imports its tree's sglang once
+run (0.5.17) takes it too. Each run imports its tree's sglang once
 and judges every launch of the matrix in-process.
 """
 

@@ -5,8 +5,9 @@ suite is upstream-pr-35221, each with PYTHONPATH on that tree (`make upstream-tr
 - ``upstream-base``: the PR's parent, rebuilt from sglang 0.5.18 by reversing
   patches/upstream-pr-35221. Tests marked ``regression`` must fail here
   (strict xfail).
-- ``upstream-base-patched``: that parent with the series applied again.
 - ``upstream-0.5.18``: the stock 0.5.18 release.
+The parent with the series applied again (``upstream-base-patched``) is built, but not suited: its files are
+0.5.18's byte for byte (patches/trees.json's ``same_files_as``, asserted by test/project/test_tree_table.py).
 Without one of these labels the directory is not collected: the default run
 imports sglang 0.5.17, where neither draft path exists.
 """

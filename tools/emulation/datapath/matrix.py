@@ -38,7 +38,6 @@ _DRIVEN = {
     "patched": (("default",), True),
     "plugin": (("default",), True),
     "upstream-base": (("legacy", "sidecar"), False),
-    "upstream-base-patched": (("legacy", "sidecar"), False),
     "upstream-0.5.18": (("legacy", "sidecar"), False),
     "next-stock": (("sidecar",), False),
     "next-patched": (("sidecar",), False),
