@@ -219,4 +219,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C in make test: pytest got it too; its log and JUnit file say how far it got
+        print(f"interrupted: python tools/suite.py {' '.join(sys.argv[1:])}; its log is under build/", file=sys.stderr)
+        sys.exit(130)
