@@ -36,8 +36,8 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/dev.txt requirements/
 # 0.5.18, the PR's parent rebuilt from it by reversing the series, and that
 # parent re-patched), `release-trees` (the stock releases no series is written
 # for) and `next-trees` (the release patches/upstream-next is written for, and
-# the copy with the series), and a target test-<label> per run of make test
-# (TEST_RUNS, longest first), with UNIT_TESTS and TREE_FREE_TESTS for make check.
+# the copy with the series), a target test-<label> per run of make test
+# (TEST_RUNS, longest first) and check-<label> per run of make check (CHECK_RUNS).
 include build/trees.mk
 
 build/trees.mk: patches/trees.json $(wildcard patches/*/config.json) tools/tree_table.py
@@ -76,7 +76,7 @@ bench: setup trees next-trees ## every benchmark in bench/, at full size (figure
 	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py
 	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py
 
-# Every bench above once, at its smallest size, on the same trees (CI runs it after the tests): it proves each
+# Every bench above once, at its smallest size, on the same trees (CI runs it beside the tests): it proves each
 # script still runs from a fresh clone, in well under 3 minutes. Its figures are no measurement; make bench's are.
 bench-smoke: setup trees next-trees ## every benchmark once at its smallest size (CI runs it)
 	$(BIN)/python bench/host_memory.py --dcp 8 --model DeepSeek-V3
@@ -94,12 +94,13 @@ check: setup ## the unit tier, no tree built: the package's tests, the tree-free
 	$(MAKE) --no-print-directory -k -j2 $(CHECK_RUNS)
 
 # Every run of patches/trees.json (a pytest process per sglang tree, the unit tier, the tree-free tests) is a make
-# target of its own, test-<label> (build/trees.mk), which tools/suite.py runs: its output goes to build/logs/<label>.log,
-# its results to build/junit/<label>.xml and .json, kept until the next make test. make test builds every tree first,
-# then starts the runs two at a time, the longest first (TEST_RUNS, by each run's cost_s); then test/every_test_ran.py checks that every test passed on at least one run, and
-# tools/suite.py report prints which runs passed (a failing run's log tail), each run's wall time and test count,
-# and the slowest tests. Tests marked `regression` describe the fix: on a tree the table marks `defect` they are
-# strict xfails, elsewhere they must pass.
+# target of its own, test-<label> (build/trees.mk), which tools/suite.py runs: its output goes to
+# build/logs/<label>.log, its results to build/junit/<label>.xml and .json, kept until the next make test. make test
+# builds every tree first, then starts the runs two at a time, the longest first (TEST_RUNS, by each run's cost_s);
+# then test/every_test_ran.py checks that every test passed on at least one run, and tools/suite.py report prints
+# which runs passed (a failing run's log tail), each run's wall time and test count, and the slowest tests. Tests
+# marked `regression` describe the fix: on a tree the table marks `defect` they are strict xfails, elsewhere they
+# must pass.
 test: setup ## every test, two runs at a time, then the report (build/logs, junit)
 	rm -rf build/junit build/logs
 	$(MAKE) --no-print-directory -j2 $(TREE_TARGETS)
