@@ -18,6 +18,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from suite import outcome
+
 
 def outcomes(junit_dir: Path) -> dict[str, dict[str, str]]:
     """test id -> {tree label: passed | xfailed | skipped | failed}."""
@@ -25,14 +27,7 @@ def outcomes(junit_dir: Path) -> dict[str, dict[str, str]]:
     for path in sorted(junit_dir.glob("*.xml")):
         for case in ET.parse(path).getroot().iter("testcase"):
             test = f"{case.get('classname')}::{case.get('name')}"
-            children = {child.tag: child for child in case}
-            if "failure" in children or "error" in children:
-                outcome = "failed"
-            elif "skipped" in children:
-                outcome = "xfailed" if children["skipped"].get("type") == "pytest.xfail" else "skipped"
-            else:
-                outcome = "passed"
-            seen.setdefault(test, {})[path.stem] = outcome
+            seen.setdefault(test, {})[path.stem] = outcome(case)
     return seen
 
 

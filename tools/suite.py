@@ -63,12 +63,12 @@ def run(label: str, python: str = sys.executable, check: bool = False) -> int:
     # them (two decode_dcp children side by side: 68 s with it, 55 s with one thread each, the same output).
     env.setdefault("OMP_NUM_THREADS", "1")
     marks = ("-m", "not trees") if check and spec.tree_free != "only" else ()
-    command = [python, "-m", "pytest", f"--junitxml={junit}", *marks, *spec.pytest_args]
+    command = [python, "-m", "pytest", f"--junitxml={junit}", *marks, *spec.test_paths]
     started = time.monotonic()
     with log.open("w", encoding="utf-8") as out:
         if spec.status_first and not check:
             # What the series read as on the tree, in its log, before its tests.
-            subprocess.run([python, "-m", "sglang_dcp_dspark", "status", "--target", str(spec.tree_path)], cwd=REPO,
+            subprocess.run([python, "-m", "sglang_dcp_dspark", "status", "--target", spec.tree.make_path], cwd=REPO,
                            env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
         out.write(f"$ {spec.shell_line(marks)}\n")
         out.flush()
@@ -133,7 +133,7 @@ class Result:
 
 
 def outcome(case: ET.Element) -> str:
-    """passed, failed, skipped or xfailed, as test/every_test_ran.py reads a JUnit test case."""
+    """passed, failed, skipped or xfailed: a JUnit test case as this report and test/every_test_ran.py read it."""
     tags = {child.tag: child for child in case}
     if "failure" in tags or "error" in tags:
         return "failed"

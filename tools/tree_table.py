@@ -110,18 +110,10 @@ class Run:
     def status_first(self) -> bool:
         return self.tree.status_first and self.label == self.tree.label
 
-    @property
-    def tree_path(self) -> str | None:
-        return self.tree.make_path
-
-    @property
-    def pytest_args(self) -> tuple[str, ...]:
-        return self.test_paths
-
     def shell_line(self, marks: tuple[str, ...] = ()) -> str:
         env = " ".join(f"{k}={v}" for k, v in self.env.items())
         quoted = [f'"{m}"' if " " in m else m for m in marks]
-        return f"{env} pytest {' '.join([*quoted, *self.pytest_args])}"
+        return f"{env} pytest {' '.join([*quoted, *self.test_paths])}"
 
     def make_deps(self) -> list[str]:
         own = [_stamp(self.tree)] if self.tree.dir else ["$(STAMP)"]

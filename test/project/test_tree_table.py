@@ -48,10 +48,10 @@ def test_the_table_is_whole():
         assert row["reexport_on"] in tree_table.TREES
 
 
-def _make_dry_run(*targets: str) -> list[str]:
-    # Under `make test` itself, the parent's flags (a jobserver, -k) must not reach this dry run.
+def _make(*args: str) -> list[str]:
+    # Under `make test` itself, the parent's flags (a jobserver, -k) must not reach this make.
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    result = subprocess.run(["make", "-n", "-s", *targets], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    result = subprocess.run(["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return result.stdout.splitlines()
 
 
@@ -61,7 +61,7 @@ TREE_GROUPS = list(dict.fromkeys(t.make_target for t in tree_table.TREES.values(
 def test_make_test_starts_every_run_of_the_table_two_at_a_time_longest_first():
     """`make -n test` (nothing is run but the recursive makes' own dry runs) builds every tree, then starts one
     target per run, in -j2."""
-    lines = _make_dry_run("test")
+    lines = _make("-n", "test")
     builds, start = [line for line in lines if " -j2 " in line]
     assert builds.split()[-len(TREE_GROUPS):] == TREE_GROUPS, builds  # every tree first, then the runs
     targets = [word.removeprefix("test-") for word in start.split() if word.startswith("test-")]
@@ -125,9 +125,7 @@ def test_the_tree_free_run_fails_on_a_test_that_imports_sglang(tmp_path):
 
 
 def test_make_help_names_every_target_in_one_line_each():
-    lines = subprocess.run(
-        ["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True,
-        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}).stdout.splitlines()
+    lines = _make("help")
     named = [line.split()[0] for line in lines if line.strip()]
     for target in ("demo", "test", "check", "lint", "bench", "help", "bench-smoke", "setup", "clean"):
         assert target in named, target
