@@ -8,7 +8,7 @@ PYTEST := $(BIN)/python -m pytest
 CLI    := $(BIN)/sglang-dcp-dspark
 
 .PHONY: help setup trees upstream-trees release-trees next-trees demo lint check test test-report bench bench-smoke \
-	gpu-check gpu-bundle clean
+	gpu-check gpu-bundle gpu-check-verify gpu-bundle-verify clean
 
 # Each target's line in `make help` is the `## ...` beside it, here or in build/trees.mk (rendered from
 # patches/trees.json).
@@ -54,6 +54,14 @@ demo: setup ## preflight on its embedded default (exit 0 once a verdict is print
 lint: setup ## ruff over the repository
 	$(BIN)/ruff check .
 
+# bench/verify_cost.py's flashinfer (requirements/bench-flashinfer.txt): the wheel sglang 0.5.23 pins, for that
+# bench alone, under build/bench and on no other path; installed once, again when the pins change.
+BENCH_FLASHINFER := build/bench/flashinfer/.installed
+$(BENCH_FLASHINFER): requirements/bench-flashinfer.txt | $(STAMP)
+	rm -rf $(@D)
+	$(BIN)/python -m pip install -q --no-deps --target $(@D) -r requirements/bench-flashinfer.txt
+	touch $@
+
 # Host memory pinned per rank and node in the three setups (docs/host-memory.md
 # is its --markdown output); what load_plugins() adds with the plugin on, on
 # 0.5.17 and on 0.5.23 (5 pairs of fresh processes each), and what reading the
@@ -62,10 +70,11 @@ lint: setup ## ruff over the repository
 # sweep's cost per value, on 0.5.17 and on 0.5.23; the HiCache bytes
 # moved per token, counted in a data-path run on the patched tree; the
 # sharded draft backup (upstream-next 0005-0007) against the replicated one
-# on real multi-process DCP groups of 2, 4 and 8 ranks; and what planning one
-# verify step under DCP costs, the per-row design beside the split one (0012),
-# on 0.5.23 (docs/verify-under-dcp.md).
-bench: setup trees next-trees ## every benchmark in bench/, at full size (figures for the docs)
+# on real multi-process DCP groups of 2, 4 and 8 ranks; and what the verify
+# under DCP costs a GPU per layer and per step on 0.5.23, stock's, the per-row
+# design's and the split's as shipped and now, with flashinfer 0.7.2's own plan()
+# run on the CPU (docs/verify-under-dcp.md).
+bench: setup trees next-trees $(BENCH_FLASHINFER) ## every benchmark in bench/, at full size (figures for the docs)
 	$(BIN)/python bench/host_memory.py
 	$(BIN)/python bench/plugin_overhead.py
 	$(BIN)/python bench/plugin_overhead.py --tree $(TREE_next_stock)
@@ -74,18 +83,18 @@ bench: setup trees next-trees ## every benchmark in bench/, at full size (figure
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock)
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py
 	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py
-	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py
+	PYTHONPATH=$(TREE_next_stock):tools:build/bench/flashinfer $(BIN)/python bench/verify_cost.py
 
 # Every bench above once, at its smallest size, on the same trees (CI runs it beside the tests): it proves each
 # script still runs from a fresh clone, in well under 3 minutes. Its figures are no measurement; make bench's are.
-bench-smoke: setup trees next-trees ## every benchmark once at its smallest size (CI runs it)
+bench-smoke: setup trees next-trees $(BENCH_FLASHINFER) ## every benchmark once at its smallest size (CI runs it)
 	$(BIN)/python bench/host_memory.py --dcp 8 --model DeepSeek-V3
 	$(BIN)/python bench/plugin_overhead.py --smoke
 	$(BIN)/python bench/pass_map_cost.py --tree $(TREE_next_stock) --smoke
 	$(BIN)/python bench/preflight_cost.py --tree $(TREE_next_stock) --smoke
 	PYTHONPATH=$(TREE_patched) $(BIN)/python bench/hicache_traffic.py --dcp 2 --target-layers 1
 	PYTHONPATH=$(TREE_next_patched) $(BIN)/python bench/sharded_draft.py --dcp 2
-	PYTHONPATH=$(TREE_next_stock) $(BIN)/python bench/verify_cost.py --smoke
+	PYTHONPATH=$(TREE_next_stock):tools:build/bench/flashinfer $(BIN)/python bench/verify_cost.py --smoke
 
 # The unit tier: the package's own tests on the installed sglang alone, with no tree to build, and the tests that
 # import no sglang (patches/trees.json's `unit` runs and `tree_free`), two runs at a time, each to its log under
@@ -129,6 +138,33 @@ gpu-bundle: trees ## build/gpu: sglang's wheels and the series, for a GPU machin
 	cd $(TREE_patched) && cp --parents $$($(CURDIR)/$(BIN)/python -c "from sglang_dcp_dspark import series; \
 		print(' '.join(f.removeprefix('python/') for f in series.load_series('sglang-$(SGLANG_BASE)').files))") \
 		$(CURDIR)/$(GPU_BUNDLE)/overlay/
+
+# On a machine with one CUDA GPU (never in CI): the verify under DCP on flashinfer's own MLA kernel
+# (tools/emulation/mla/gpu_verify.py, docs/verify-under-dcp.md): the plugin's kernel check and rows of 4K and
+# 16K keys at DeepSeek-V3's shape, the split verify at dcp 8 simulated (eager, CUDA graph, re-planned, two
+# negative controls) against one rank, its time per layer against one flashinfer run, and its kernel count; at
+# most 8 minutes. It needs torch, flashinfer 0.7.2 and sglang's DCP index builder: sglang 0.5.23's from
+# build/gpu-verify or the 0.5.23 tree where either is here, else the installed sglang's. A GPU machine without
+# them gets build/gpu-verify from `make gpu-bundle-verify` (requirements/gpu-verify-bundle.txt's wheels for
+# Python 3.12, flashinfer's without the sources of its other kernels; the builder's one file of sglang 0.5.23,
+# under empty package files, so that none of sglang's own imports is needed; about 35 MiB) and runs
+# tools/emulation/mla/gpu_verify_run.sh.
+gpu-check-verify: ## one CUDA GPU: the split verify on flashinfer's MLA kernel (not in CI)
+	PYTHONPATH=$(EMULATION)$(addprefix :,$(firstword $(wildcard $(GPU_VERIFY_BUNDLE)/sglang $(TREE_next_stock))))$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m emulation.mla.gpu_verify
+
+GPU_VERIFY_BUNDLE := build/gpu-verify
+gpu-bundle-verify: next-trees ## build/gpu-verify: flashinfer 0.7.2 and sglang's index builder, offline
+	rm -rf $(GPU_VERIFY_BUNDLE) && mkdir -p $(GPU_VERIFY_BUNDLE)/flashinfer $(GPU_VERIFY_BUNDLE)/deps $(GPU_VERIFY_BUNDLE)/sglang
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) -d $(GPU_VERIFY_BUNDLE)/deps -r requirements/gpu-verify-bundle.txt
+	$(BIN)/python tools/emulation/mla/gpu_verify.py --slim-wheel $(GPU_VERIFY_BUNDLE)/deps/flashinfer_python-*.whl \
+		$(GPU_VERIFY_BUNDLE)/flashinfer
+	rm $(GPU_VERIFY_BUNDLE)/deps/flashinfer_python-*.whl
+	cd $(TREE_next_stock) && cp --parents sglang/kernels/ops/attention/dcp_kernels.py sglang-*.dist-info/METADATA \
+		$(CURDIR)/$(GPU_VERIFY_BUNDLE)/sglang/
+	cd $(GPU_VERIFY_BUNDLE)/sglang/sglang && touch __init__.py kernels/__init__.py kernels/ops/__init__.py \
+		kernels/ops/attention/__init__.py
 
 clean: ## remove build/ and .venv
 	rm -rf build $(VENV)

@@ -114,11 +114,56 @@ def test_the_kernel_check_passes_the_oracle_and_stops_each_broken_kernel():
     fix = HOMES[TREE][0]
     kernels = _numbers("--kernel-check", "--fix", fix)["kernels"]
     assert kernels["oracle"] == {"check": "passes", "verify": "runs"}, kernels["oracle"]
-    for kernel, assumption in (("lse-base-e", "lse-base"), ("top-left", "causal"), ("drops-empty-row", "rows")):
+    for kernel, assumption in (("lse-base-e", "lse-base"), ("drops-empty-row", "rows"),
+                               ("split-kv-unweighted", "split-kv"), ("stale-replay", "replay")):
         found = kernels[kernel]
         assert found["check"] == f"stops: {assumption}", (kernel, found)
         assert "\n" not in found["message"] and "--dcp-size 1" in found["message"], found["message"]
         assert assumption in found["verify"] and "cannot run on this kernel" in found["verify"], (kernel, found)
+
+
+# What one layer's verify attention may cost beyond stock's verify at dcp 1, counted through the backend's forward
+# on rank 0 at dcp 8 (tools/emulation/mla/launches.py): its second flashinfer run and the on-rank merge.
+EXTRA_LAUNCHES, EXTRA_PASSES = 3, 2
+
+
+def _cost(control: str) -> list[dict]:
+    fix = HOMES[TREE][0]
+    return _numbers("--cost", "--fix", fix, "--control", control)["rows"]
+
+
+def _over_budget(rows: list[dict]) -> list[str]:
+    """Each split row's excess over stock's at the same case, and any replay that makes a full plan()."""
+    stock = {r["case"]: r for r in rows if r["design"] == "stock"}
+    bad = []
+    for r in rows:
+        if r["design"] != "split":
+            continue
+        base = stock[r["case"]]
+        if r["launches"] > base["launches"] + EXTRA_LAUNCHES or r["full_passes"] > base["full_passes"] + EXTRA_PASSES:
+            bad.append(f"{r['case']} {r['mode']}: {r['launches']} launches, {r['full_passes']} full passes against "
+                       f"stock's {base['launches']} and {base['full_passes']}: {' '.join(r['kernels'])}")
+        if "full" in r.get("replay_plans", []):
+            bad.append(f"{r['case']} {r['mode']}: a replay makes a full plan() ({r['replay_plans']})")
+    return bad
+
+
+def test_one_layers_verify_costs_at_most_two_launches_and_two_passes_more_than_stocks():
+    """DSPARK and EAGLE, eager at page 1 and a graph replay at page 64, rank 0 of dcp 8: the split's layer launches at
+    most stock's dcp-1 verify + 3 kernels and makes at most 2 more full passes over the output, and its replay plans
+    each wrapper with the native scheduler alone, as stock's replay does, never with flashinfer's full plan()."""
+    rows = _cost("none")
+    assert {(r["algorithm"], r["mode"]) for r in rows} == {(a, m) for a in ("DSPARK", "EAGLE") for m in ("eager",
+                                                                                                        "graph")}
+    assert not _over_budget(rows), _over_budget(rows)
+    replays = [r["replay_plans"] for r in rows if r["mode"] == "graph" and r["design"] == "split"]
+    assert replays and all(plans == ["fast", "fast"] for plans in replays), replays
+
+
+@pytest.mark.parametrize("control", ["unfused-merge", "full-replan"])
+def test_the_cost_check_fails_on_the_split_as_it_first_shipped(control):
+    """The same check on the merge built from torch ops and merge_state, and on a replay that calls plan()."""
+    assert _over_budget(_cost(control))
 
 
 def test_the_maps_readings_of_the_fixed_verify_are_fresh():

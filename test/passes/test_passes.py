@@ -187,6 +187,26 @@ def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():
     assert refuse(target_backend="fa3", draft_mla=True) == passes.FA3_ON.format(dcp=8, algorithm="EAGLE")
 
 
+def test_a_quantized_kv_pool_is_refused_only_under_the_split_verify():
+    """The facts the plugin's check and preflight decide a quantized KV refusal from, once: DCP, a speculative
+    algorithm, a quantized --kv-cache-dtype, and a flashinfer MLA target whose verify is planned split."""
+    facts = dict(dcp=8, algorithm="DSPARK", target_backend="flashinfer", mla=True, verify_fix="plugin")
+    line = passes.QUANTIZED_KV.format(dcp=8, algorithm="DSPARK", kv="fp8_e4m3")
+    assert passes.kv_cache_refusal(kv_cache_dtype="fp8_e4m3", **facts) == line
+    assert "\n" not in line and "Use --kv-cache-dtype auto (or bf16)" in line
+    for kv in ("fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16"):
+        assert passes.kv_cache_refusal(kv_cache_dtype=kv, **facts) == line.replace("fp8_e4m3", kv)
+    for kv in (None, "auto", "bf16", "bfloat16"):
+        assert passes.kv_cache_refusal(kv_cache_dtype=kv, **facts) is None
+    for other in (dict(dcp=1), dict(algorithm=None), dict(verify_fix=None), dict(target_backend="fa3"),
+                  dict(mla=False)):
+        assert passes.kv_cache_refusal(kv_cache_dtype="fp8_e4m3", **(facts | other)) is None, other
+    # The argument check's line: first of its refusals, in the same words.
+    assert passes.refusal("0.5.23", "EAGLE3", dcp=8, own_layer=False, mla=True, target_backend="flashinfer",
+                          draft_backend=None, verify_fix="plugin", topk=4, kv_cache_dtype="fp8_e4m3") == (
+        passes.QUANTIZED_KV.format(dcp=8, algorithm="EAGLE3", kv="fp8_e4m3"))
+
+
 @pytest.mark.parametrize("release", passes.releases())
 def test_every_backend_a_judgement_names_is_an_attention_backend_value(release):
     """The shipped tables, judged as preflight judges a launch: every backend a finding names is a value of

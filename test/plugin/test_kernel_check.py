@@ -24,6 +24,7 @@ SHAPE = dict(num_heads=4, head_dim_ckv=512, head_dim_kpe=64, sm_scale=192 ** -0.
 
 def torch_merge(out_a, lse_a, out_b, lse_b, empty_a, empty_b):
     """Two partials merged by their base-2 LSE, a flagged side weighing zero, both flagged giving (0, -inf)."""
+    empty_a, empty_b = empty_a.bool(), empty_b.bool()
     lse_a = lse_a.masked_fill(empty_a[:, None], float("-inf"))
     lse_b = lse_b.masked_fill(empty_b[:, None], float("-inf"))
     total = torch.logaddexp(lse_a * math.log(2.0), lse_b * math.log(2.0))
@@ -42,8 +43,9 @@ def test_the_oracle_passes():
     run(OracleMLAWrapper)
 
 
-@pytest.mark.parametrize(("kernel", "assumption"), [("lse-base-e", "lse-base"), ("top-left", "causal"),
-                                                     ("drops-empty-row", "rows")])
+@pytest.mark.parametrize(("kernel", "assumption"), [("lse-base-e", "lse-base"), ("drops-empty-row", "rows"),
+                                                     ("split-kv-unweighted", "split-kv"),
+                                                     ("stale-replay", "replay")])
 def test_each_broken_kernel_stops_in_one_line_naming_its_assumption(kernel, assumption):
     with pytest.raises(kernel_check.KernelCheckFailed) as caught:
         run(BROKEN_KERNELS[kernel])
@@ -62,17 +64,52 @@ def test_a_merge_in_the_wrong_base_stops():
     assert caught.value.assumption == "merge"
 
 
-def test_a_wrapper_that_ignores_its_bound_buffers_stops_on_the_replan():
-    class Stale(OracleMLAWrapper):
-        """Plans only the first time, as a graph replay that never re-plans its wrapper would run."""
-
-        def plan(self, *args, **kwargs):
-            if self._plan_args is None:
-                super().plan(*args, **kwargs)
-
+def test_a_replay_that_does_not_plan_stops_on_the_replay():
+    """The check's replay goes through the plan it is given: one that skips flashinfer's scheduler leaves the
+    kernel on the capture's plan, which a kernel that snapshots its plan (the stale-replay control) runs."""
     with pytest.raises(kernel_check.KernelCheckFailed) as caught:
-        run(Stale)
-    assert caught.value.assumption == "replan"
+        kernel_check.check(BROKEN_KERNELS["stale-replay"], workspace=None, device="cpu", merge=torch_merge,
+                           replan=lambda *args: None, **SHAPE)
+    assert caught.value.assumption == "replay"
+    run(OracleMLAWrapper)  # and the same check passes a kernel that reads its bound buffers
+
+
+def test_the_long_row_is_long_enough_for_a_split():
+    """On CPU the reference splits rows of more than SPLIT_KV keys; the check's long row must be one of them."""
+    from emulation.mla.oracle import SPLIT_KV
+
+    assert kernel_check.LONG_ROW_ELSEWHERE >= 2 * SPLIT_KV and kernel_check.LONG_ROW["cuda"] >= 16384
+
+
+class _Group:
+    """A DCP group of two ranks as the check's agreement reads it; the other rank failed or passed."""
+
+    def __init__(self, other_failed: bool) -> None:
+        self.world_size, self.other = 2, int(other_failed)
+
+    def all_gather(self, tensor):
+        return torch.cat([tensor, torch.tensor([self.other], dtype=tensor.dtype)])
+
+
+def _backend():
+    updater = SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64, scaling=192 ** -0.5, q_data_type=torch.float32,
+                              data_type=torch.float32)
+    return SimpleNamespace(device="cpu", workspace_buffer=None, indices_updater_prefill=updater,
+                           indices_updater_decode=SimpleNamespace(num_local_heads=4))
+
+
+def test_a_rank_whose_check_fails_stops_every_rank(monkeypatch):
+    from sglang.srt.distributed import parallel_state
+
+    monkeypatch.setattr(dcp_verify, "merge_partials", torch_merge)
+    monkeypatch.setattr(kernel_check, "_passed", set())
+    monkeypatch.setattr(parallel_state, "get_dcp_group_no_assert", lambda: _Group(other_failed=True), raising=False)
+    with pytest.raises(kernel_check.KernelCheckFailed) as caught:  # this rank's kernel passes, rank 1's did not
+        kernel_check.ensure(_backend(), OracleMLAWrapper)
+    assert caught.value.assumption == "another rank" and "rank 1" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    monkeypatch.setattr(parallel_state, "get_dcp_group_no_assert", lambda: _Group(other_failed=False), raising=False)
+    kernel_check.ensure(_backend(), OracleMLAWrapper)  # both passed: the verify goes on
 
 
 def test_ensure_runs_once_per_process_and_shape(monkeypatch):
@@ -89,6 +126,6 @@ def test_ensure_runs_once_per_process_and_shape(monkeypatch):
     kernel_check.ensure(backend, OracleMLAWrapper)
     assert len(calls) == 1 and calls[0]["num_heads"] == 4
     with pytest.raises(kernel_check.KernelCheckFailed):
-        kernel_check.ensure(backend, BROKEN_KERNELS["top-left"])
+        kernel_check.ensure(backend, BROKEN_KERNELS["drops-empty-row"])
     with pytest.raises(kernel_check.KernelCheckFailed):  # a failure is not remembered as a pass
-        kernel_check.ensure(backend, BROKEN_KERNELS["top-left"])
+        kernel_check.ensure(backend, BROKEN_KERNELS["drops-empty-row"])

@@ -348,6 +348,93 @@ def test_no_module_walk_at_load_plugins_where_nothing_is_hooked(monkeypatch):
     assert not any(target.endswith("configure_logger") for target in HookRegistry._hooks)
 
 
+# sglang's walk of sys.modules after each patched target: spared for the plugin's methods, kept for module functions.
+
+
+class StandInPicker:
+    """A release's method for the plugin to hook (the stand-in release is this module)."""
+
+    def pick(self):
+        return "fa3"
+
+
+def stand_in_build():
+    """A release's module function for the plugin to hook."""
+    return "physical rows"
+
+
+@pytest.fixture
+def stand_in_release(monkeypatch):
+    """This module as a release with a method and a module function to hook, the test helpers' ``hostpool`` holding
+    a ``from X import Y`` copy of the function, a HookRegistry of their own, and sglang's walk counted (the plugin's
+    wrapper goes over the count). Everything HookRegistry patches is put back after the test."""
+    from collections import defaultdict
+
+    from sglang.srt.plugins import hook_registry
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    import hostpool
+
+    release = sys.modules[__name__]
+    monkeypatch.setattr(StandInPicker, "pick", StandInPicker.pick)
+    monkeypatch.setattr(release, "stand_in_build", stand_in_build)
+    monkeypatch.setattr(hostpool, "stand_in_build", stand_in_build, raising=False)
+    monkeypatch.setattr(HookRegistry, "_hooks", defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    walked: list[str] = []
+    walk = hook_registry._propagate_patch
+
+    def counted(original, wrapped, source_module):
+        walked.append(original.__qualname__)
+        return walk(original, wrapped, source_module)
+
+    monkeypatch.setattr(hook_registry, "_propagate_patch", counted)
+    monkeypatch.setattr(plugin, "findings", {})
+    monkeypatch.setattr(decisions, "_live", True)
+    return release, hostpool, walked
+
+
+def test_a_hooked_method_costs_no_walk_and_a_hooked_function_still_reaches_its_copies(stand_in_release):
+    release, importer, walked = stand_in_release
+    needs_fix = lambda target: lambda: hook_common.Finding(target, hook_common.Verdict.NEEDS_FIX, "stand-in")  # noqa: E731
+    template = hooks.BY_TARGET[server_args_hooks.RESOLVER]
+    for target in (f"{__name__}.StandInPicker.pick", f"{__name__}.stand_in_build"):
+        # Imported after load_plugins(), as the scheduler is: registered and applied at once.
+        plugin.install(template.replace(module=__name__, target=target, judge=needs_fix(target),
+                                        hook=lambda original, *args: f"hooked {original(*args)}"), late=True)
+    assert release.StandInPicker().pick() == "hooked fa3" and release.stand_in_build() == "hooked physical rows"
+    assert importer.stand_in_build() == "hooked physical rows"  # the walk still rebinds a module function's copies
+    assert walked == ["stand_in_build"]  # and only the function's walk ran
+
+
+def test_load_plugins_hooks_only_imported_modules_and_walks_for_none_of_them_on_0_5_17():
+    """What load_plugins() costs on 0.5.17: hooks on the modules imported before it (server_args, two methods, no
+    walk of sys.modules); an entry whose module comes later is registered, applied and walked at that import."""
+    code = """if True:
+        import json, sys
+        import sglang.srt.server_args
+        from sglang.srt.plugins import hook_registry, load_plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        walked, walk = [], hook_registry._propagate_patch
+        hook_registry._propagate_patch = lambda original, *rest: walked.append(original.__qualname__) or walk(original, *rest)
+        load_plugins()
+        at_load = {"registered": sorted(HookRegistry._hooks), "walked": list(walked),
+                   "kv_cache_builder imported": "sglang.srt.mem_cache.kv_cache_builder" in sys.modules}
+        from sglang.srt.mem_cache import kv_cache_builder
+        print(json.dumps({"at_load": at_load, "registered": sorted(HookRegistry._hooks),
+                          "applied": sorted(HookRegistry._patched), "walked": walked}))
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SGLANG_ENABLE_DCP_DSPARK_PLUGIN")}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    resolution = sorted((server_args_hooks.RESOLVER, DEFAULT_BACKEND))
+    assert got["at_load"] == {"registered": resolution, "walked": [], "kv_cache_builder imported": False}
+    assert got["registered"] == got["applied"] == sorted([*resolution, kv_cache_hooks.DRAFT_REGISTRATION])
+    assert got["walked"] == ["maybe_register_hicache_draft"]  # a module function: its from-import copies are rebound
+
+
 def test_register_does_nothing_when_switched_off(monkeypatch, caplog):
     import sys
 

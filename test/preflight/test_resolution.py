@@ -21,7 +21,7 @@ def given(**fields) -> argparse.Namespace:
     base = {"model_path": "target", "speculative_draft_model_path": None, "speculative_algorithm": "EAGLE",
             "dcp_size": None, "enable_hierarchical_cache": True, "attention_backend": None,
             "decode_attention_backend": None, "prefill_attention_backend": None,
-            "speculative_draft_attention_backend": None, "speculative_eagle_topk": None}
+            "speculative_draft_attention_backend": None, "speculative_eagle_topk": None, "kv_cache_dtype": "auto"}
     return argparse.Namespace(**(base | fields))
 
 
@@ -42,15 +42,18 @@ def test_one_reading_of_dcp_size_for_a_parse_and_a_resolution(value, dcp):
 
 
 def test_the_resolved_launch_is_what_runs():
-    runs = resolution.runs(resolved(), given(dcp_size=2, attention_backend="triton"))
+    runs = resolution.runs(resolved(kv_cache_dtype="fp8_e4m3"), given(dcp_size=2, attention_backend="triton"))
     assert runs.resolved and runs.dcp == 8 and runs.algorithm == "DSPARK" and runs.draft == "draft"
+    assert runs.kv_cache_dtype == "fp8_e4m3"
     assert (runs.prefill, runs.decode) == ("fa3", "flashinfer")
     assert runs.named_decode == runs.named_prefill == "triton" and not runs.own_layer
 
 
 def test_without_a_resolution_the_arguments_say_what_runs():
-    runs = resolution.runs(None, given(dcp_size=8, decode_attention_backend="flashinfer", speculative_eagle_topk=4))
+    runs = resolution.runs(None, given(dcp_size=8, decode_attention_backend="flashinfer", speculative_eagle_topk=4,
+                                       kv_cache_dtype="fp8_e5m2"))
     assert not runs.resolved and runs.dcp == 8 and runs.algorithm == "EAGLE" and runs.own_layer
+    assert runs.kv_cache_dtype == "fp8_e5m2"
     assert (runs.prefill, runs.decode, runs.draft_backend) == (None, "flashinfer", None)
     assert runs.eagle_topk == 4
 

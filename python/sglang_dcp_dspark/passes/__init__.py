@@ -111,6 +111,7 @@ class Judgement:
     why_unmapped: str = ""
     note: str = ""  # how the cases were chosen, where the launch left a choice to the GPU node
     evidence: str = ""  # a fix the judgement counts on (the verify under DCP), and how it was proven
+    refused_kv: str = ""  # the quantized --kv-cache-dtype its split verify would run on (kv_cache_refusal refuses it)
 
     @property
     def broken(self) -> tuple[PassFinding, ...]:
@@ -129,7 +130,7 @@ class Judgement:
     def as_dict(self) -> dict:
         return {"release": self.release, "algorithm": self.algorithm, "dcp": self.dcp, "mapped": self.mapped,
                 "why_unmapped": self.why_unmapped or None, "note": self.note or None, "summary": self.summary(),
-                "evidence": self.evidence or None,
+                "evidence": self.evidence or None, "refused_kv": self.refused_kv or None,
                 "passes": [vars(f) | {"consequence": f.consequence} for f in self.findings]}
 
 
@@ -513,6 +514,39 @@ TOPK_TREE = ("--dcp-size {dcp} with --speculative-eagle-topk {topk} is not suppo
              "verify's window is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
              "--speculative-eagle-topk 1.")
 
+# The KV pool the split verify is proven with: the model's own dtype (tools/emulation/mla/verify_dcp.py runs fp32; the
+# kernel check, the dtypes the verify plans). A quantized pool (--kv-cache-dtype fp8_e4m3, fp8_e5m2, mxfp8, nvfp4,
+# fp4_mx_block16: the other values 0.5.22's and 0.5.23's server_args accept) is not: the carriers refuse it there.
+UNQUANTIZED_KV = ("auto", "bf16", "bfloat16")
+QUANTIZED_KV = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and --kv-cache-dtype {kv} is not supported "
+                "on flashinfer MLA: under DCP the target verify is planned split, and that plan is proven on an "
+                "unquantized KV pool only (the model's dtype), not on {kv}. Use --kv-cache-dtype auto (or bf16), or "
+                "launch without --speculative-algorithm.")
+
+
+# What preflight says of such a launch's passes: none is checked with that pool.
+KV_UNCHECKED = ("the verify under DCP is planned split on flashinfer MLA and proven on an unquantized KV pool only, "
+                "not on --kv-cache-dtype {kv}")
+
+
+def quantized_kv(kv_cache_dtype: str | None) -> bool:
+    """A ``--kv-cache-dtype`` that stores the KV quantized (None: sglang's default, auto)."""
+    return str(kv_cache_dtype or "auto").lower() not in UNQUANTIZED_KV
+
+
+def kv_cache_refusal(*, dcp: int, algorithm: str | None, kv_cache_dtype: str | None, target_backend: str | None,
+                     mla: bool, verify_fix: str | None) -> str | None:
+    """The one line a speculative launch under DCP is refused with where its verify would run planned split on a
+    quantized KV pool, or None. The facts: ``dcp``, ``algorithm``, ``kv_cache_dtype`` as resolved, the target's
+    decode backend and whether it is MLA, and ``verify_fix``, who plans its flashinfer MLA verify split (see
+    :func:`judge`; None: the release's own verify, which the map judges)."""
+    name = (algorithm or "").upper()
+    if dcp <= 1 or not name or verify_fix is None or target_backend != "flashinfer" or not mla:
+        return None
+    if not quantized_kv(kv_cache_dtype):
+        return None
+    return QUANTIZED_KV.format(dcp=dcp, algorithm=name, kv=kv_cache_dtype)
+
 
 # The series' words (patches/upstream-next 0011) for a plain launch on fa3 MLA under DCP.
 FA3_PLAIN = ("--dcp-size {dcp} on fa3 MLA is not supported: FlashAttentionBackend has no DCP code, so its decode returns "
@@ -537,18 +571,25 @@ def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | No
 
 def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
             target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
-            topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False) -> str | None:
+            topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False,
+            kv_cache_dtype: str | None = None) -> str | None:
     """The one line the argument check refuses a launch with, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
     left to sglang. The draft's own passes are judged by the draft backend
     whatever the target's is. ``flashinfer_fix``: who would plan a flashinfer
     MLA verify split for this launch, so that a refusal on fa3 names flashinfer
-    where flashinfer runs it (0013's words).
+    where flashinfer runs it (0013's words). First of all, a split verify on a
+    quantized KV pool (``kv_cache_dtype``, :func:`kv_cache_refusal`): preflight
+    names that refusal from the same facts.
     """
     name = (algorithm or "").upper()
     if dcp <= 1 or not name:
         return None
+    kv = kv_cache_refusal(dcp=dcp, algorithm=name, kv_cache_dtype=kv_cache_dtype, target_backend=target_backend,
+                          mla=mla, verify_fix=verify_fix)
+    if kv is not None:
+        return kv
     # The reads after a load-back count whether or not this launch has HiCache: a row a wrong write hits depends
     # on the loc layout, and the load-back is one more layout.
     common = dict(dcp=dcp, own_layer=own_layer, target_mla=mla, draft_backend=draft_backend, hicache=True,

@@ -21,14 +21,13 @@ built the same way):
   most ``ceil(q / dcp)`` keys.
 
 Each partial comes back with flashinfer's base-2 LSE; the two are merged per
-query on the rank by sglang's own ``merge_state`` (which works in base e),
-and the ranks' results are then merged by the model's DCP merge as for a
-decode. A rank that holds no prefix key of a request, or no window key of a
-token, gives that side the neutral partial (output 0, LSE -inf), which the
-merges weigh at zero; the kernel itself never sees a row of length zero
-("the attention kernel fails on a shard of length zero", sglang's
-``dcp_kernels.py``), so such a row gets one filler slot, row 0, whose result is
-discarded.
+query on the rank by one Triton kernel (:mod:`.verify_merge`), in base 2, and
+the ranks' results are then merged by the model's DCP merge as for a decode. A
+rank that holds no prefix key of a request, or no window key of a token, flags
+that side in the plan, and the merge weighs it at zero; the kernel itself never
+sees a row of length zero ("the attention kernel fails on a shard of length
+zero", sglang's ``dcp_kernels.py``), so such a row gets one filler slot, row 0,
+whose result the merge never reads.
 
 Which positions a rank holds follows from the lengths alone: locs are handed
 out in logical pages of ``page_size * dcp`` slots, so position ``p`` sits at a
@@ -43,12 +42,8 @@ nothing copied to the device, grows with the context.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
-
-LN2 = math.log(2.0)
-LOG2E = 1.0 / LN2
 
 
 class VerifyRefused(ValueError):
@@ -74,6 +69,7 @@ class SplitPlan:
     prefix_kv_indptr: Any  # [bs + 1]
     window_start: Any  # [tokens]: the token's request's H, the first window position
     window_keys: Any  # [tokens]
+    window_qo_indptr: Any  # [tokens + 1]: one query per row
     window_kv_len: Any  # [tokens]
     window_kv_indptr: Any  # [tokens + 1]
 
@@ -94,12 +90,6 @@ class SplitPlan:
         return int(self.window_kv_indptr[-1])
 
     @property
-    def window_qo_indptr(self):
-        import torch
-
-        return torch.arange(self.tokens + 1, dtype=torch.int32)
-
-    @property
     def prefix_empty(self):
         """Per token: this rank holds no key of its request's prefix."""
         import torch
@@ -111,48 +101,71 @@ class SplitPlan:
         return self.window_keys == 0
 
     def device_pack(self):
-        """The numbers the device work reads, in one host int32 tensor (one copy to the device): see
-        :func:`unpack`."""
+        """Every number the device work reads, in one host int32 tensor (one copy to the device), laid out as
+        :data:`PACK` says: see :func:`unpack`."""
         import torch
 
-        return torch.cat([self.q_lens, self.prefix_keys, self.prefix_kv_indptr, self.window_start, self.window_keys,
-                          self.window_kv_indptr, self.prefix_empty.to(torch.int32),
-                          self.window_empty.to(torch.int32)])
+        parts = {"prefix_empty": self.prefix_empty.to(torch.int32), "window_empty": self.window_empty.to(torch.int32)}
+        return torch.cat([parts[name] if name in parts else getattr(self, name) for name, _ in PACK])
 
     @property
     def host_elements(self) -> int:
         """Every element this plan made on the host, for the cost bench (``bench/verify_cost.py``)."""
         return sum(int(t.numel()) for t in (self.q_lens, self.prefix_qo_indptr, self.prefix_keys, self.prefix_kv_len,
                                             self.prefix_kv_indptr, self.window_start, self.window_keys,
-                                            self.window_kv_len, self.window_kv_indptr))
+                                            self.window_qo_indptr, self.window_kv_len, self.window_kv_indptr))
+
+
+# The device pack: each entry's name and length, from (bs, tokens). A verify graph binds its wrappers' indptrs and
+# lengths to views of it, so the one copy of the pack at a replay refreshes every buffer the plan binds, and the
+# merge reads the flags from it as they are.
+PACK = (
+    ("q_lens", lambda bs, t: bs),
+    ("prefix_qo_indptr", lambda bs, t: bs + 1),
+    ("prefix_keys", lambda bs, t: bs),
+    ("prefix_kv_len", lambda bs, t: bs),
+    ("prefix_kv_indptr", lambda bs, t: bs + 1),
+    ("window_start", lambda bs, t: t),
+    ("window_keys", lambda bs, t: t),
+    ("window_qo_indptr", lambda bs, t: t + 1),
+    ("window_kv_len", lambda bs, t: t),
+    ("window_kv_indptr", lambda bs, t: t + 1),
+    ("prefix_empty", lambda bs, t: t),
+    ("window_empty", lambda bs, t: t),
+)
 
 
 def pack_size(bs: int, tokens: int) -> int:
-    return 3 * bs + 1 + 5 * tokens + 1
+    return sum(size(bs, tokens) for _, size in PACK)
 
 
 @dataclass(frozen=True)
 class DeviceMeta:
     """Views of the device pack, at fixed offsets for a given (bs, tokens): a captured graph reads the same
-    addresses on every replay, and the replay refreshes their contents."""
+    addresses on every replay, and the replay refreshes their contents. Int32, the flags included (non-zero:
+    the side is empty), in the form the merge reads."""
 
     q_lens: Any
+    prefix_qo_indptr: Any
     prefix_keys: Any
+    prefix_kv_len: Any
     prefix_kv_indptr: Any
     window_start: Any
     window_keys: Any
+    window_qo_indptr: Any
+    window_kv_len: Any
     window_kv_indptr: Any
-    prefix_empty: Any  # bool views are made where they are used, from these int32 flags
+    prefix_empty: Any
     window_empty: Any
 
 
 def unpack(pack, bs: int, tokens: int) -> DeviceMeta:
-    sizes = (bs, bs, bs + 1, tokens, tokens, tokens + 1, tokens, tokens)
-    views, at = [], 0
-    for n in sizes:
-        views.append(pack[at: at + n])
+    views, at = {}, 0
+    for name, size in PACK:
+        n = size(bs, tokens)
+        views[name] = pack[at: at + n]
         at += n
-    return DeviceMeta(*views)
+    return DeviceMeta(**views)
 
 
 def owned_count(bound, dcp_size: int, dcp_rank: int):
@@ -190,7 +203,8 @@ def plan_split(prefix_lens, q_lens, *, dcp_size: int, dcp_rank: int) -> SplitPla
     return SplitPlan(
         dcp_size=dcp_size, dcp_rank=dcp_rank, q_lens=q.to(i32), prefix_qo_indptr=first.to(i32),
         prefix_keys=p_keys.to(i32), prefix_kv_len=p_len.to(i32), prefix_kv_indptr=_indptr(p_len),
-        window_start=prefix[request].to(i32), window_keys=w_keys.to(i32), window_kv_len=w_len.to(i32),
+        window_start=prefix[request].to(i32), window_keys=w_keys.to(i32),
+        window_qo_indptr=torch.arange(len(j) + 1, dtype=i32), window_kv_len=w_len.to(i32),
         window_kv_indptr=_indptr(w_len))
 
 
@@ -227,36 +241,34 @@ def build_ids(plan: SplitPlan, source, req_pool_indices, prefix_out, window_out,
 
 
 def merge(prefix_out, prefix_lse, window_out, window_lse, meta: DeviceMeta):
-    """Per query, the rank's partial over both sides (:func:`merge_partials`, flagged by the plan)."""
-    return merge_partials(prefix_out, prefix_lse, window_out, window_lse, meta.prefix_empty != 0,
-                          meta.window_empty != 0)
+    """Per query, the rank's partial over both sides, flagged by the plan: one launch
+    (:func:`.verify_merge.merge_verify_sides`), written over the prefix side's tensors."""
+    from .verify_merge import merge_verify_sides
+
+    return merge_verify_sides(prefix_out, prefix_lse, window_out, window_lse, meta.prefix_empty, meta.window_empty)
 
 
 def merge_partials(out_a, lse_a, out_b, lse_b, empty_a, empty_b):
-    """Two partials of the same queries merged by their base-2 LSE: each flagged side neutralised, then
-    sglang's ``merge_state`` (base e, so the LSEs are converted on the way in and out). A query with both sides
-    flagged gets (0, -inf), which ``merge_state`` alone would make NaN. Device work only; the inputs are
-    overwritten where flagged."""
-    from sglang.srt.layers.attention.merge_state import merge_state
+    """Two partials of the same queries merged by their base-2 LSE, each flagged side (a bool or int per query)
+    weighed at zero; a query with both sides flagged gets (0, -inf). The same kernel as :func:`merge`; side a's
+    tensors are overwritten."""
+    import torch
 
-    neutralise(out_a, lse_a, empty_a)
-    neutralise(out_b, lse_b, empty_b)
-    both = empty_a & empty_b
-    # Both sides neutral: side a joins the merge as (0, 0), so merge_state never subtracts -inf from -inf, and the
-    # result, (0, 0), becomes the neutral partial below.
-    lse_a.masked_fill_(both.view(-1, *([1] * (lse_a.dim() - 1))), 0.0)
-    out, lse = merge_state(out_a, lse_a * LN2, out_b, lse_b * LN2)
-    lse = lse * LOG2E
-    neutralise(out, lse, both)
-    return out, lse
+    from .verify_merge import merge_verify_sides
+
+    return merge_verify_sides(out_a, lse_a, out_b, lse_b, empty_a.to(torch.int32), empty_b.to(torch.int32))
 
 
-def neutralise(out, lse, empty) -> None:
-    """Give each flagged query the neutral partial: output 0, LSE -inf (a merge then weighs it at zero)."""
-    # No early return on "none flagged": under a CUDA graph this runs once at capture and then replays on
-    # whatever the replay's plan wrote into the flags.
-    out.masked_fill_(empty.view(-1, *([1] * (out.dim() - 1))), 0.0)
-    lse.masked_fill_(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"))
+def replan(wrapper, qo_indptr, kv_indptr, kv_len, heads: int, head_dim_ckv: int) -> None:
+    """A replay's plan of a wrapper planned at capture: flashinfer's native scheduler on the host lengths, into
+    the workspaces the capture's plan made (its pinned one included), as sglang's ``fast_mla_prefill_plan``
+    plans stock's verify replay. Nothing is copied here: the builder wrote the ids into the bound buffer, and
+    the pack's copy refreshed the bound indptrs and lengths. flashinfer's full ``plan()`` would validate and
+    snapshot every bound buffer (the whole ``cuda_graph_kv_indices`` among them) and allocate its workspaces
+    again, on every replay."""
+    wrapper._cached_module.plan(wrapper._float_workspace_buffer, wrapper._int_workspace_buffer,
+                                wrapper._pin_memory_int_workspace_buffer, qo_indptr, kv_indptr, kv_len, heads,
+                                head_dim_ckv, False)
 
 
 def kv_handed(plan: SplitPlan) -> int:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import passes as passes_mod
 from ..plugin import hooks as hooks_mod
 from . import inputs, resolution, result
 from . import launch as launch_mod
@@ -76,6 +77,18 @@ def outcome(passed: bool, judged, sizing) -> tuple[int, object]:
     return verdict_mod.PASSES, None
 
 
+def _refused_by_plugin(release, argv: list[str], node: Node, paths, state, stock, fixed):
+    """The launch as the plugin resolves it, where the plugin refuses a launch on a quantized KV pool that stock
+    admits, else None. The plugin decides that refusal on the launch as it resolves it (the backend it picks under
+    DCP, the KV dtype as resolved: ``passes.kv_cache_refusal``), so the same facts are judged here; any other
+    refusal of the plugin's is judged on stock's resolution, as before."""
+    if not (state.enabled and stock.passed and not fixed.passed and passes_mod.quantized_kv(stock.launch.kv_cache_dtype)):
+        return None
+    with hooks_mod.without_pass_check():
+        unchecked = resolve(release, argv, node, paths, hooked=True)
+    return unchecked.launch if unchecked.passed else None
+
+
 @launch_mod.kernels_uncompiled
 def judge(release, argv: list[str], node: Node, device_rows: int | None, configs: Configs, *,
           variants: bool = False, advise: bool = True, plugin_on: bool | None = None) -> result.Report:
@@ -103,7 +116,8 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         with hooks_mod.without_pass_check():
             unchecked = resolve(release, argv, node, paths, hooked=True)
         other = unchecked if unchecked.passed else None
-    runs = resolution.runs(as_run.launch or (other.launch if other is not None else None), given)
+    runs = resolution.runs(as_run.launch or _refused_by_plugin(release, argv, node, paths, state, stock, fixed)
+                           or (other.launch if other is not None else None), given)
     judged = judge_passes(release, runs, configs, plugin_on=state.enabled)
     stock_judged = (judge_passes(release, resolution.runs(stock.launch, given), configs, plugin_on=False)
                     if stock.passed else None)
@@ -129,7 +143,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
         backend_picked=backends.picked_by, warnings=tuple(as_run.warnings))
     code, stop = outcome(as_run.passed, judged, sizing)
     advice = (resolution.advise(judge, release, argv, node, device_rows, configs, code=code, launch=runs,
-                                plugin_on=state.enabled, sizing=sizing)
+                                plugin_on=state.enabled, sizing=sizing, refused_kv=judged.refused_kv)
               if advise and code != verdict_mod.PASSES else None)
     return result.Report(
         release=rel, launch=tuple(argv), node=node, plugin=plugin,

@@ -104,6 +104,7 @@ class Runs:
     named_decode: str | None
     draft_backend_flag: str | None
     eagle_topk: int  # as the launch gives it (the resolved Launch keeps only what the host pools depend on)
+    kv_cache_dtype: str | None  # as resolved where a resolution admitted it, else as the arguments name it
 
     @property
     def own_layer(self) -> bool:
@@ -123,10 +124,10 @@ def runs(la: Launch | None, given: argparse.Namespace) -> Runs:
         prefill, decode = la.attention_backends
         return Runs(True, la.model_path, la.draft_model_path, la.speculative_algorithm, la.dcp_size,
                     bool(la.enable_hierarchical_cache), prefill, decode or named_decode,
-                    la.speculative_draft_attention_backend, **named)
+                    la.speculative_draft_attention_backend, **named, kv_cache_dtype=la.kv_cache_dtype)
     return Runs(False, given.model_path, given.speculative_draft_model_path, given.speculative_algorithm,
                 launch_mod.dcp_size(given.dcp_size), bool(given.enable_hierarchical_cache), None, named_decode, None,
-                **named)
+                **named, kv_cache_dtype=given.kv_cache_dtype)
 
 
 def picked_by(stock: Resolution, fixed: Resolution, plugin_on: bool, launch: Runs) -> str:
@@ -166,7 +167,9 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
     the pass that would break (a launch that names no backend is then judged on
     every target backend the map ran). A flashinfer MLA target's verify is
     judged as the launch runs it: planned split where the tree carries
-    upstream-next 0012 or the plugin is on and its hooks apply to this release.
+    upstream-next 0012 or the plugin is on and its hooks apply to this release; on a quantized KV pool no pass
+    under DCP is checked, and the carriers refuse it (``passes.kv_cache_refusal``, the plugin's own decision):
+    the judgement is unmapped and names the pool (``refused_kv``).
     """
     mla = models_mod.is_mla_config(configs.target)
     if not launch.algorithm:
@@ -177,6 +180,11 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
         return passes_mod.judge_plain(release.version, dcp=launch.dcp, target_backend=launch.decode)
     verify_fix = (hooks_mod.verify_fix(plugin_on=plugin_on) if launch.decode == "flashinfer" and mla and launch.dcp > 1
                   else None)
+    if passes_mod.kv_cache_refusal(dcp=launch.dcp, algorithm=launch.algorithm, kv_cache_dtype=launch.kv_cache_dtype,
+                                   target_backend=launch.decode, mla=mla, verify_fix=verify_fix) is not None:
+        return passes_mod.Judgement(passes_mod.release_key(release.version), str(launch.algorithm).upper(), launch.dcp,
+                                    False, why_unmapped=passes_mod.KV_UNCHECKED.format(kv=launch.kv_cache_dtype),
+                                    refused_kv=str(launch.kv_cache_dtype))
     return passes_mod.judge(
         release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, target_mla=mla,
         target_backend=launch.decode, draft_backend=launch.draft_backend_flag, hicache=launch.hicache,
@@ -210,11 +218,12 @@ def without(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], list[st
 
 
 def advise(judge, release, argv: list[str], node: Node, device_rows: int | None, configs: Configs, *, code: int,
-           launch: Runs, plugin_on: bool, sizing) -> verdict_mod.Advice | None:
+           launch: Runs, plugin_on: bool, sizing, refused_kv: str = "") -> verdict_mod.Advice | None:
     """The first change that makes the launch pass on this node and release, judged by preflight itself (``judge``:
     :func:`check.judge`); None where none does. Tried in order: an attention backend the pass map shows running it
-    (not the one it runs), the plugin on, a chain for a draft tree, --dcp-size 1 (where the launch is refused or
-    broken), a --hicache-size the node holds."""
+    (not the one it runs), the plugin on, a chain for a draft tree, the model's own KV dtype for a quantized pool
+    the split verify is not proven on (``refused_kv``: the judgement's), --dcp-size 1 (where the launch is refused
+    or broken), a --hicache-size the node holds."""
     from ..plugin import switch
 
     dcp = launch.dcp
@@ -239,6 +248,11 @@ def advise(judge, release, argv: list[str], node: Node, device_rows: int | None,
         chain = ("--speculative-eagle-topk", "1")
         rest, removed = without(argv, chain[:1])
         tries.append(([*rest, *chain], chain, tuple(removed), (), plugin_on))
+    if dcp > 1 and refused_kv and code in (verdict_mod.REJECTED, verdict_mod.UNCHECKED):
+        # A quantized KV pool under the split verify: the model's own dtype keeps DCP and the draft.
+        auto = ("--kv-cache-dtype", "auto")
+        rest, removed = without(argv, auto[:1])
+        tries.append(([*rest, *auto], auto, tuple(removed), (), plugin_on))
     stops_in_pools = isinstance(sizing, result.Sizing) and sizing.startup_stops
     if (dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS, verdict_mod.STOPS)
             and not (code == verdict_mod.STOPS and stops_in_pools)):

@@ -335,6 +335,10 @@ def rejected(facts: Facts, advice: Advice | None) -> Verdict:
     on = re.search(r" on (\S+) MLA is not supported|is not supported on (\S+) MLA", str(message))
     kind = (f"{kind_of(judged)}{refused_draft(str(message))} on {on.group(1) or on.group(2)} under DCP"
             if on and judged.dcp > 1 else "")
+    if plugin_refuses and judged.refused_kv:
+        # Decided from the launch's facts (passes.kv_cache_refusal, the plugin's own check, first of its refusals):
+        # a split verify on flashinfer MLA over a quantized KV pool.
+        kind = f"{kind_of(judged)} ({judged.refused_kv} KV) on flashinfer under DCP"
     if plugin_refuses:
         who = "the plugin refuses"
     elif applied:

@@ -17,6 +17,12 @@ Written from flashinfer's documented contract for the MLA wrapper (``plan`` then
   top-left alignment (keys ``0 .. j``) is a different function; the tests keep
   a case that tells the two apart.
 
+A row longer than ``SPLIT_KV`` keys is computed as flashinfer's scheduler splits a
+long row over several CTAs: in chunks of ``SPLIT_KV`` keys, each with its own
+(output, LSE), merged by LSE at the end (flashinfer's in-kernel merge). So code
+proven on the oracle runs the split path wherever a rank's row is long, and a
+kernel that merges its chunks wrongly is a control (``split-kv-unweighted``).
+
 Two things flashinfer does not document are made strict here so that code
 proven on the oracle does not lean on them: a request with no KV at all
 raises (sglang's own DCP code gives an empty shard one slot because "the
@@ -32,6 +38,9 @@ import math
 from dataclasses import dataclass
 
 LOG2E = 1.0 / math.log(2.0)
+# Keys per chunk of a split row. On a GPU flashinfer splits rows of thousands of keys (a rank's 16K-key rows at
+# 128K context and dcp 8); the oracle splits at 256 so that CPU-sized rows take the same path.
+SPLIT_KV = 256
 
 
 class PlanError(ValueError):
@@ -55,11 +64,11 @@ class Plan:
 class MLAOracle:
     """``plan`` and ``run`` with the wrapper's signatures; ``run`` returns ``out`` or ``(out, lse)``.
 
-    ``top_left`` and ``lse_base_e`` break the contract on purpose, for the kernel check's controls."""
+    ``top_left``, ``lse_base_e`` and ``unweighted_split`` break the contract on purpose, for controls."""
 
-    def __init__(self, *, top_left: bool = False, lse_base_e: bool = False) -> None:
+    def __init__(self, *, top_left: bool = False, lse_base_e: bool = False, unweighted_split: bool = False) -> None:
         self.planned: Plan | None = None
-        self.top_left, self.lse_base_e = top_left, lse_base_e
+        self.top_left, self.lse_base_e, self.unweighted_split = top_left, lse_base_e, unweighted_split
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
              causal, sm_scale, q_data_type=None, kv_data_type=None) -> None:
@@ -107,13 +116,11 @@ class MLAOracle:
                 last = torch.arange(q1 - q0) + (0 if self.top_left else n - (q1 - q0))
                 hidden = torch.arange(n)[None, :] > last[:, None]
                 score = score.masked_fill(hidden[:, None, :], float("-inf"))
-            top = score.amax(-1, keepdim=True)
-            seen = torch.isfinite(top)
-            weight = torch.where(seen, torch.exp(score - torch.where(seen, top, 0.0)), 0.0)
-            total = weight.sum(-1)
-            o[q0:q1] = torch.einsum("qhk,kd->qhd", weight, keys_c) / torch.where(total > 0, total, 1.0)[..., None]
+            chunks = [_attend(score[..., at: at + SPLIT_KV], keys_c[at: at + SPLIT_KV]) for at in range(0, n, SPLIT_KV)]
+            out_r, lse_r = chunks[0] if len(chunks) == 1 else _merge_chunks(chunks, self.unweighted_split)
+            o[q0:q1] = out_r
             base = 1.0 if self.lse_base_e else LOG2E
-            s[q0:q1] = torch.where(total > 0, (torch.log(total) + top.squeeze(-1)) * base, float("-inf"))
+            s[q0:q1] = lse_r * base
         result = o.to(q_nope.dtype)
         if out is not None:
             out.copy_(result)
@@ -142,6 +149,21 @@ class OracleMLAWrapper:
         self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
         self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
         self._plan_args: tuple | None = None
+        # What sglang's replay plans (fast_mla_prefill_plan, the split verify's replan) hand flashinfer's native
+        # scheduler: the workspaces of the first plan, and the module it was planned with.
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = self._pin_memory_int_workspace_buffer = None
+        self._cached_module = _FastPlan(self)
+
+    def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
+        """The native scheduler alone, on the lengths in the bound buffers: the plan a replay makes after the
+        capture's full plan (which gave the rest: the rope dim, page size and scale)."""
+        if self._plan_args is None:
+            raise PlanError("a fast plan before the first plan(): flashinfer has no module to plan with yet")
+        _, _, _, _, _, _, head_dim_kpe, page_size, _, sm_scale = self._plan_args
+        self._plan_args = (self._qo_indptr_buf, self._kv_indptr_buf, self._kv_indices_buf, self._kv_len_arr_buf,
+                           num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale)
+        self.oracle.plan(*self._plan_args)
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
              causal, sm_scale, q_data_type=None, kv_data_type=None, use_profiler: bool = False) -> None:
@@ -169,16 +191,21 @@ class OracleMLAWrapper:
         return self.oracle.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=return_lse)
 
 
+class _FastPlan:
+    """``_cached_module`` as sglang's replay plans call it: ``plan(float_ws, int_ws, pinned_ws, qo_indptr,
+    kv_indptr, kv_len_arr, num_heads, head_dim_ckv, causal)``."""
+
+    def __init__(self, wrapper: OracleMLAWrapper) -> None:
+        self.wrapper = wrapper
+
+    def plan(self, float_ws, int_ws, pin_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_ckv, causal):
+        self.wrapper.fast_plan(num_heads, head_dim_ckv, causal)
+
+
 class BaseELseWrapper(OracleMLAWrapper):
     """Control for the kernel check: returns its LSE in base e."""
 
     oracle_options = {"lse_base_e": True}
-
-
-class TopLeftWrapper(OracleMLAWrapper):
-    """Control for the kernel check: ``causal=True`` aligns the queries top-left."""
-
-    oracle_options = {"top_left": True}
 
 
 class DropsEmptyRowWrapper(OracleMLAWrapper):
@@ -195,7 +222,52 @@ class DropsEmptyRowWrapper(OracleMLAWrapper):
                 o[p.qo_indptr[i]: p.qo_indptr[i + 1]] = 0
                 s[p.qo_indptr[i]: p.qo_indptr[i + 1]] = float("-inf")
         return (o, s) if return_lse else o
-BROKEN_KERNELS = {"lse-base-e": BaseELseWrapper, "top-left": TopLeftWrapper, "drops-empty-row": DropsEmptyRowWrapper}
+class UnweightedSplitWrapper(OracleMLAWrapper):
+    """Control for the kernel check: a long row's chunks merged without their LSE weights."""
+
+    oracle_options = {"unweighted_split": True}
+
+
+class StaleReplayWrapper(OracleMLAWrapper):
+    """Control for the kernel check: a replay's plan does nothing, so the graph runs on the capture's plan (a
+    kernel that snapshots its metadata at plan() and never reads the bound buffers again)."""
+
+    def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
+        pass
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False, **_unused):
+        return self.oracle.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=return_lse)
+
+
+BROKEN_KERNELS = {"lse-base-e": BaseELseWrapper, "drops-empty-row": DropsEmptyRowWrapper,
+                  "split-kv-unweighted": UnweightedSplitWrapper, "stale-replay": StaleReplayWrapper}
+
+
+def _attend(score, keys_c):
+    """One chunk of a row: softmax-weighted keys and the natural-log LSE; (0, -inf) where no key is visible."""
+    import torch
+
+    top = score.amax(-1, keepdim=True)
+    seen = torch.isfinite(top)
+    weight = torch.where(seen, torch.exp(score - torch.where(seen, top, 0.0)), 0.0)
+    total = weight.sum(-1)
+    out = torch.einsum("qhk,kd->qhd", weight, keys_c) / torch.where(total > 0, total, 1.0)[..., None]
+    return out, torch.where(total > 0, torch.log(total) + top.squeeze(-1), float("-inf"))
+
+
+def _merge_chunks(chunks, unweighted: bool):
+    """A split row's chunks merged by their LSE, as flashinfer's merge does; ``unweighted`` is the control's
+    wrong merge: the chunks' outputs averaged as if they held the same mass."""
+    import torch
+
+    lses = torch.stack([lse for _, lse in chunks])
+    total = torch.logsumexp(lses, 0)
+    if unweighted:
+        seen = torch.isfinite(lses).double()
+        out = sum(o * seen[i][..., None] for i, (o, _) in enumerate(chunks)) / seen.sum(0).clamp(min=1)[..., None]
+        return out, total
+    weights = torch.exp(lses - torch.where(torch.isfinite(total), total, 0.0)).nan_to_num(0.0)
+    return sum(o * weights[i][..., None] for i, (o, _) in enumerate(chunks)), total
 
 
 def _ints(x) -> list[int]:

@@ -51,6 +51,7 @@ import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from emulation.mla import launches
 from emulation.passmap import harness
 
 # DeepSeek-V3 (deepseek-ai/DeepSeek-V3, config.json): kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128,
@@ -250,9 +251,8 @@ def model_runner(pool, layout: Layout, translator):
 
 def oracle_wrapper_class():
     """flashinfer's ``BatchMLAPagedAttentionWrapper`` as the oracle (``mla.oracle.OracleMLAWrapper``: bound to its
-    CUDA-graph buffers as flashinfer's is, sizes checked), plus what sglang's sync-free replay plans call
-    (``_cached_module.plan``, for stock's graph verify) and the ``bottom-right`` control."""
-    import torch
+    CUDA-graph buffers as flashinfer's is, sizes checked, with the fast plan sglang's replays call), its plans
+    recorded for the cost count, and the ``bottom-right`` control."""
 
     from emulation.mla.oracle import BROKEN_KERNELS, OracleMLAWrapper
 
@@ -260,29 +260,15 @@ def oracle_wrapper_class():
     base = BROKEN_KERNELS.get(kernel, OracleMLAWrapper)
 
     class OracleWrapper(base):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self._float_workspace_buffer = self._int_workspace_buffer = torch.empty(0)
-            self._pin_memory_int_workspace_buffer = torch.empty(0)
-            self.head_dim_kpe = None
-            wrapper = self
-
-            class _Module:  # sglang's sync-free replay plans (fast_mla_prefill_plan) call this
-                def plan(self, float_ws, int_ws, pin_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_ckv,
-                         causal):
-                    wrapper._plan_args = (wrapper._qo_indptr_buf, wrapper._kv_indptr_buf, wrapper._kv_indices_buf,
-                                          wrapper._kv_len_arr_buf, num_heads, head_dim_ckv, wrapper.head_dim_kpe,
-                                          wrapper._page_size, causal, wrapper._sm_scale)
-                    wrapper.oracle.plan(*wrapper._plan_args)
-
-            self._cached_module = _Module()
+        def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
+            with launches.planning("fast"):
+                super().fast_plan(num_heads, head_dim_ckv, causal)
 
         def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
                  page_size, causal, sm_scale, *dtypes, **kwargs):
             if CURRENT.get("control") == "bottom-right" and not causal and len(qo_indptr) > 1 \
                     and int((qo_indptr[1:] - qo_indptr[:-1]).max()) > 1:
                 causal = True  # the prefix row bounded by flashinfer's bottom-right mask on the rank's own keys
-            self.head_dim_kpe, self._page_size, self._sm_scale = head_dim_kpe, page_size, sm_scale
             super().plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
                          page_size, causal, sm_scale)
 
@@ -351,10 +337,12 @@ def backend_for(pool, layout: Layout):
     return fmb.FlashInferMLAAttnBackend(model_runner(pool, layout, translator), skip_prefill=False)
 
 
-def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int = 0, ops=None, handed=None):
+def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int = 0, ops=None, handed=None,
+                 cost: dict | None = None):
     """One rank's verify: its pool, its backend's metadata, its forward. Returns what the model unpacks at a DCP
     phase, ``(out, lse)``, or at one rank the output alone. ``handed`` gets the KV tokens its plans hand the
-    kernel (both sides of a split verify, filler slots included)."""
+    kernel (both sides of a split verify, filler slots included). ``cost`` gets what the layer's forward
+    launches and, in graph mode, which plans the replay makes (:mod:`emulation.mla.launches`)."""
     import torch
 
     pool = pool_for(layout)
@@ -374,7 +362,10 @@ def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int =
         cap = verify_batch(shape, layout, cap_spec, capture=True)
         harness.bind_runner_slots(cap, be.kv_index_translator)
         be.init_forward_metadata_out_graph(cap, in_capture=True)
-        be.init_forward_metadata_out_graph(live, in_capture=False)
+        with _counted(cost, pool, shape) as count:
+            be.init_forward_metadata_out_graph(live, in_capture=False)
+        if cost is not None:
+            cost["replay_plans"] = list(count.plans)
         # A replay runs the kernels captured on that graph's wrapper.
         import importlib
 
@@ -386,12 +377,31 @@ def rank_partial(shape: Shape, layout: Layout, kv, q, mode: str, *, shift: int =
         handed.append(wrapper.kv_tokens if split is None else split.prefix.kv_tokens + split.window.kv_tokens)
     window_c = torch.cat([kv[r][0][h:h + shape.draft_tokens] for r, h in enumerate(shape.prefixes)])
     window_k = torch.cat([kv[r][1][h:h + shape.draft_tokens] for r, h in enumerate(shape.prefixes)])
-    result = be.forward(q[0].clone(), window_c[:, None, :], window_c[:, None, :], LAYER, live, save_kv_cache=True,
-                        q_rope=q[1].clone(), k_rope=window_k[:, None, :])
+    q_nope, q_rope = q[0].clone(), q[1].clone()
+    with _counted(cost, pool, shape) as count:
+        result = be.forward(q_nope, window_c[:, None, :], window_c[:, None, :], LAYER, live, save_kv_cache=True,
+                            q_rope=q_rope, k_rope=window_k[:, None, :])
+    if cost is not None:
+        cost.update(launches=count.n_launches, full_passes=count.full_passes, kernels=count.names())
     if layout.dcp == 1:
         return result.view(-1, HEADS, KV_LORA_RANK), None
     attn_output, lse = result  # forward_mla.py, at a DCP phase: ``attn_output, lse = self.attn_mqa_for_dcp_decode(...)``
     return attn_output, lse
+
+
+@contextlib.contextmanager
+def _counted(cost: dict | None, pool, shape: Shape):
+    """Count what runs inside when ``cost`` asks for it: launches, full passes over the verify's output, plans."""
+    if cost is None:
+        yield launches.Count()
+        return
+    import importlib
+
+    wrapper = importlib.import_module(FMB).BatchMLAPagedAttentionWrapper
+    tokens = len(shape.prefixes) * shape.draft_tokens
+    with launches.counting(full_numel=tokens * HEADS * KV_LORA_RANK, pools=[pool.get_key_buffer(LAYER.layer_id)],
+                           wrapper_classes=[wrapper]) as count:
+        yield count
 
 
 # ---------------------------------------------------------------- the DCP group: N rank threads
@@ -491,6 +501,45 @@ WINDOW_BOUNDS = (("sglang_dcp_dspark.plugin.dcp_verify", "window_keys"), ("sglan
                  "dcp_window_keys"))
 
 
+# And the pieces the cost controls replace: the on-rank merge, and a graph replay's plan of a wrapper.
+MERGES = (("sglang_dcp_dspark.plugin.dcp_verify", "merge"), ("sglang.srt.layers.dcp.split_verify",
+          "merge_dcp_split_verify"), (FMB, "merge_dcp_split_verify"))
+REPLANS = (("sglang_dcp_dspark.plugin.dcp_verify", "replan"),
+           ("sglang.srt.layers.dcp.split_verify", "replan_dcp_split_verify"), (FMB, "replan_dcp_split_verify"))
+
+
+def unfused_merge(prefix_out, prefix_lse, window_out, window_lse, *flags):
+    """The on-rank merge as the split verify first shipped it, for the cost controls and the bench: each flagged
+    side neutralised by full-size fills, the base-2 LSEs converted for sglang's ``merge_state`` (base e) and back,
+    the result of a query with both sides flagged filled again. Same numbers, about 18 launches."""
+    from sglang.srt.layers.attention.merge_state import merge_state
+
+    ln2 = math.log(2.0)
+    # The plugin's merge takes the plan's device meta, the series' the two flags.
+    empty_a, empty_b = (flags[0].prefix_empty, flags[0].window_empty) if len(flags) == 1 else flags
+    empty_a, empty_b = empty_a != 0, empty_b != 0
+
+    def neutral(out, lse, empty):
+        out.masked_fill_(empty.view(-1, *([1] * (out.dim() - 1))), 0.0)
+        lse.masked_fill_(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"))
+
+    neutral(prefix_out, prefix_lse, empty_a)
+    neutral(window_out, window_lse, empty_b)
+    both = empty_a & empty_b
+    prefix_lse.masked_fill_(both.view(-1, *([1] * (prefix_lse.dim() - 1))), 0.0)
+    out, lse = merge_state(prefix_out, prefix_lse * ln2, window_out, window_lse * ln2)
+    lse = lse * (1.0 / ln2)
+    neutral(out, lse, both)
+    return out, lse
+
+
+def full_replan(wrapper, qo_indptr, kv_indptr, kv_len, num_heads, head_dim_ckv):
+    """A replay that plans each wrapper with flashinfer's full ``plan()`` (the split as it first shipped)."""
+    _, _, _, _, _, _, head_dim_kpe, page_size, _, sm_scale = wrapper._plan_args
+    wrapper.plan(qo_indptr, kv_indptr, wrapper._kv_indices_buf[: int(kv_indptr[-1])], kv_len, num_heads,
+                 head_dim_ckv, head_dim_kpe, page_size, False, sm_scale)
+
+
 @contextlib.contextmanager
 def control(name: str | None):
     """A control breaks one thing on purpose, wherever the split verify lives (the plugin's or the series').
@@ -542,6 +591,13 @@ def control(name: str | None):
             replace(WINDOW_BOUNDS, past_own)
         elif name == "bottom-right":
             CURRENT["control"] = "bottom-right"
+        elif name == "unfused-merge":
+            replace(MERGES, lambda real: unfused_merge)
+        elif name == "full-replan":
+            replace(REPLANS, lambda real: full_replan)
+        elif name == "as-shipped":  # the split as it first shipped: both of the above
+            replace(MERGES, lambda real: unfused_merge)
+            replace(REPLANS, lambda real: full_replan)
         elif name not in (None, "shift-write"):
             raise ValueError(f"unknown control {name!r}; expected one of {', '.join(CONTROLS)}")
         yield
@@ -712,6 +768,43 @@ def kernel_check(fix: str) -> dict:
     return out
 
 
+# One layer's verify, one rank, counted: DSPARK and EAGLE, eager at page 1 and a graph replay at page 64.
+COST_CASES = (("DSPARK", "eager", "dspark-block7-page1"), ("DSPARK", "graph", "dspark-block7-page64"),
+              ("EAGLE", "eager", "eagle-chain4-page1"), ("EAGLE", "graph", "eagle-chain4-page64"))
+
+
+def verify_cost(fix: str, dcp: int = 8, control_name: str | None = None) -> list[dict]:
+    """Per case: what one layer's verify attention launches on rank 0 (``launches``, ``full_passes``, the
+    ``kernels`` by name) and, for a graph, which plans its replay makes (``replay_plans``), for stock's verify
+    at dcp 1 and for the split at ``dcp`` (with ``control_name`` where given). The layer's forward is the
+    backend's: the step's KV write, the attention and the on-rank merge; the DCP all-gather of q and the ranks'
+    merge are a DCP decode's too, and are not in it."""
+    shapes = {shape.name: shape for shape in SHAPES}
+    rows = []
+    for algorithm, mode, name in COST_CASES:
+        shape = shapes[name]
+        kv, q = values(shape)
+        for design, width, with_fix, ctl in (("stock", 1, "none", None), ("split", dcp, fix, control_name)):
+            cost: dict = {}
+            with fix_in_effect(with_fix), control(ctl), harness.on_rank(width, 0) as ops, attention_tp(width):
+                rank_partial(shape, Layout(shape, width), kv, q, mode, ops=ops, cost=cost)
+            rows.append({"algorithm": algorithm, "mode": mode, "case": name, "design": design, "dcp": width,
+                         "control": ctl, **cost})
+    return rows
+
+
+def cost_markdown(rows: list[dict]) -> str:
+    out = ["| draft | form | design | launches | full passes | plans at a replay |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        design = "stock verify, dcp 1" if r["design"] == "stock" else f"split verify, dcp {r['dcp']}"
+        if r.get("control"):
+            design += f" ({r['control']})"
+        plans = ", ".join(r["replay_plans"]) if "replay_plans" in r else "-"
+        form = f"{r['mode']}, page {64 if 'page64' in r['case'] else 1}"
+        out.append(f"| {r['algorithm']} | {form} | {design} | {r['launches']} | {r['full_passes']} | {plans} |")
+    return "\n".join(out) + "\n"
+
+
 def release() -> str:
     import sglang
 
@@ -737,6 +830,13 @@ def main(argv: list[str]) -> int:
                     dcp_sizes=tuple(int(x) for x in option("--control-dcp").split(",")) if "--control-dcp" in argv
                     else dcp_sizes,
                     modes=tuple(option("--control-modes").split(",")) if "--control-modes" in argv else modes)
+    if "--cost" in argv or "--cost-markdown" in argv:
+        rows = [row for name in controls for row in verify_cost(fix, control_name=name)]
+        if "--cost" in argv:
+            print(json.dumps({"release": release(), "fix": fix, "rows": rows}))
+        else:
+            print(cost_markdown(rows), end="")
+        return 0
     if "--kernel-check" in argv:
         controls = []
     runs = {name: measure(fix=fix, control_name=name, **(narrowed if name else dict(names=names, dcp_sizes=dcp_sizes,

@@ -160,21 +160,22 @@ def host_prefix_lens(forward_batch, bs: int):
 class SplitVerify:
     """What one verify under DCP runs on a rank: the prefix and the window wrappers, the plan of the step, and
     the plan's numbers on the device. Rides on the prefix wrapper (``_dcp_split``), which sglang keeps as the
-    verify's ``PrefillMetadata.prefill_wrapper`` and, per graph, in ``prefill_cuda_graph_metadata``."""
+    verify's ``PrefillMetadata.prefill_wrapper`` and, per graph, in ``prefill_cuda_graph_metadata``. A graph's
+    split carries the views of the pack its wrappers are bound to (``meta``), fixed at capture."""
 
     __slots__ = ("prefix", "window", "graph", "plan", "meta")
 
-    def __init__(self, prefix, window, graph: _GraphBuffers | None = None) -> None:
+    def __init__(self, prefix, window, graph: _GraphBuffers | None = None, meta=None) -> None:
         self.prefix, self.window, self.graph = prefix, window, graph
-        self.plan = self.meta = None
+        self.plan, self.meta = None, meta
         prefix._dcp_split = self
 
 
 class _GraphBuffers:
-    """A backend's window buffers for verify graphs under DCP: one row per draft token, at most
-    ``ceil(draft tokens / dcp)`` ids each, plus the plan's numbers on the device; shared by the verify graphs as
-    sglang shares ``cuda_graph_kv_indices`` (graphs replay one at a time). The prefix rows use stock's own graph
-    buffers, one row per request."""
+    """A backend's buffers for verify graphs under DCP, shared by the graphs as sglang shares
+    ``cuda_graph_kv_indices`` (graphs replay one at a time): the window's ids, one row per draft token of at
+    most ``ceil(draft tokens / dcp)`` ids, and the plan's pack, whose views each graph binds as its wrappers'
+    indptrs and lengths (``dcp_verify.PACK``). The prefix ids use stock's own ``cuda_graph_kv_indices``."""
 
     def __init__(self, backend, max_bs: int, draft_tokens: int, dcp: int) -> None:
         import torch
@@ -184,22 +185,20 @@ class _GraphBuffers:
         device = backend.cuda_graph_kv_indices.device
         tokens = max_bs * int(draft_tokens)
         self.max_bs, self.max_tokens = max_bs, tokens
-        self.qo_indptr = torch.arange(tokens + 1, dtype=torch.int32, device=device)
-        self.kv_indptr = torch.zeros(tokens + 1, dtype=torch.int32, device=device)
-        self.kv_len = torch.ones(tokens, dtype=torch.int32, device=device)
         self.kv_indices = torch.zeros(tokens * dcp_verify.window_capacity(draft_tokens, dcp), dtype=torch.int32,
                                       device=device)
         self.pack = torch.zeros(dcp_verify.pack_size(max_bs, tokens), dtype=torch.int32, device=device)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qo_indptr, self.kv_indptr, self.kv_len,
-                                                             self.kv_indices, self.pack))
+        return sum(t.numel() * t.element_size() for t in (self.kv_indices, self.pack))
 
 
 def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
     """Plan one verify batch on ``split``'s wrappers: the plan from the host lengths, the ids on the device, both
-    sides planned with heads x dcp and no mask."""
+    sides planned with heads x dcp and no mask. Eager, each wrapper gets flashinfer's full ``plan()``, as stock's
+    eager verify does. A graph's wrappers get it once, at capture; a replay plans them as stock's verify replay
+    does (:func:`..dcp_verify.replan`), with no allocation and nothing that grows with the context."""
     import torch
 
     from .. import dcp_verify, kernel_check
@@ -217,7 +216,7 @@ def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
     pack = plan.device_pack()
     graph = split.graph
     if graph is None:
-        on_device = pack.to(device, non_blocking=True)
+        meta = dcp_verify.unpack(pack.to(device, non_blocking=True), plan.bs, plan.tokens)
         prefix_ids = torch.empty(plan.prefix_ids, dtype=torch.int32, device=device)
         window_ids = torch.empty(plan.window_ids, dtype=torch.int32, device=device)
     else:
@@ -225,10 +224,10 @@ def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
             raise ValueError(f"a verify graph's plan of {plan.prefix_ids} prefix and {plan.window_ids} window ids "
                              f"exceeds its buffers ({backend.cuda_graph_kv_indices.numel()} and "
                              f"{graph.kv_indices.numel()})")
-        on_device = graph.pack[: pack.numel()]
-        on_device.copy_(pack, non_blocking=True)
+        # One copy refreshes the flags, the counts and every indptr and length the wrappers are bound to.
+        graph.pack[: pack.numel()].copy_(pack, non_blocking=True)
+        meta = split.meta
         prefix_ids, window_ids = backend.cuda_graph_kv_indices, graph.kv_indices
-    meta = dcp_verify.unpack(on_device, plan.bs, plan.tokens)
     source = translator.read_source(forward_batch.kv_loc_plan, req_pool_indices=forward_batch.req_pool_indices, bs=bs)
     if source.entry_page_size != 1 or source.v2p is not None or source.is_translated:
         raise dcp_verify.VerifyRefused("the verify under DCP gathers its ids from req_to_token's virtual token ids; "
@@ -236,12 +235,16 @@ def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
     dcp_verify.build_ids(plan, source, forward_batch.req_pool_indices, prefix_ids, window_ids, meta)
     updater = backend.indices_updater_prefill
     heads = backend.indices_updater_decode.num_local_heads  # heads / attn_tp x dcp: q is all-gathered
-    dims = (heads, updater.kv_lora_rank, updater.qk_rope_head_dim, 1, False, updater.scaling, updater.q_data_type,
-            updater.data_type)
-    split.prefix.plan(plan.prefix_qo_indptr, plan.prefix_kv_indptr, prefix_ids[: plan.prefix_ids], plan.prefix_kv_len,
-                      *dims)
-    split.window.plan(plan.window_qo_indptr, plan.window_kv_indptr, window_ids[: plan.window_ids], plan.window_kv_len,
-                      *dims)
+    sides = ((split.prefix, plan.prefix_qo_indptr, plan.prefix_kv_indptr, prefix_ids[: plan.prefix_ids],
+              plan.prefix_kv_len),
+             (split.window, plan.window_qo_indptr, plan.window_kv_indptr, window_ids[: plan.window_ids],
+              plan.window_kv_len))
+    for wrapper, qo_indptr, kv_indptr, ids, kv_len in sides:
+        if graph is not None and split.plan is not None:
+            dcp_verify.replan(wrapper, qo_indptr, kv_indptr, kv_len, heads, updater.kv_lora_rank)
+        else:
+            wrapper.plan(qo_indptr, kv_indptr, ids, kv_len, heads, updater.kv_lora_rank, updater.qk_rope_head_dim,
+                         1, False, updater.scaling, updater.q_data_type, updater.data_type)
     split.plan, split.meta = plan, meta
 
 
@@ -266,6 +269,8 @@ def plan_verify_graph(original: Callable, self, forward_batch, in_capture: bool 
     first_call()
     if not _is_dcp_verify(forward_batch):
         return original(self, forward_batch, in_capture, *args, **kwargs)
+    from .. import dcp_verify
+
     module = _module()
     spec_info = forward_batch.spec_info
     bs = int(forward_batch.batch_size)
@@ -280,16 +285,18 @@ def plan_verify_graph(original: Callable, self, forward_batch, in_capture: bool 
         if bs > graph.max_bs or tokens > graph.max_tokens:
             raise ValueError(f"a verify graph of {bs} requests and {tokens} draft tokens exceeds the "
                              f"{graph.max_bs} and {graph.max_tokens} its buffers were sized for at the first capture")
-        # The prefix side binds what stock's verify graph binds: one row per request.
+        # Both sides bind their indptrs and lengths to this graph's views of the pack, so a replay's one copy of
+        # the pack refreshes them; the prefix ids go to stock's own graph buffer, one row per request.
+        meta = dcp_verify.unpack(graph.pack, bs, tokens)
         prefix = module.BatchMLAPagedAttentionWrapper(
-            self.workspace_buffer, use_cuda_graph=True, qo_indptr=self.cuda_graph_qo_indptr[: bs + 1],
-            kv_indptr=self.cuda_graph_kv_indptr[: bs + 1], kv_indices=self.cuda_graph_kv_indices,
-            kv_len_arr=self.cuda_graph_kv_lens[:bs], backend="auto")
-        window = module.BatchMLAPagedAttentionWrapper(
-            self.workspace_buffer, use_cuda_graph=True, qo_indptr=graph.qo_indptr[: tokens + 1],
-            kv_indptr=graph.kv_indptr[: tokens + 1], kv_indices=graph.kv_indices, kv_len_arr=graph.kv_len[:tokens],
+            self.workspace_buffer, use_cuda_graph=True, qo_indptr=meta.prefix_qo_indptr,
+            kv_indptr=meta.prefix_kv_indptr, kv_indices=self.cuda_graph_kv_indices, kv_len_arr=meta.prefix_kv_len,
             backend="auto")
-        split = SplitVerify(prefix, window, graph)
+        window = module.BatchMLAPagedAttentionWrapper(
+            self.workspace_buffer, use_cuda_graph=True, qo_indptr=meta.window_qo_indptr,
+            kv_indptr=meta.window_kv_indptr, kv_indices=graph.kv_indices, kv_len_arr=meta.window_kv_len,
+            backend="auto")
+        split = SplitVerify(prefix, window, graph, meta)
         self.prefill_cuda_graph_metadata[key] = prefix
         self.forward_metadata = module.PrefillMetadata(prefix, False)
     else:

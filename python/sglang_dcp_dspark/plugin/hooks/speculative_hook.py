@@ -27,7 +27,9 @@ with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
 drafts are admitted there, as 0013 admits them; the target's own NextN layer
 as draft, an external MLA draft checkpoint (which sglang runs as it runs that
 layer: :func:`draft_uses_mla`) and a draft tree (topk > 1) are refused in
-0013's words.
+0013's words. So is any speculative launch whose split verify would run on a
+quantized KV pool (``--kv-cache-dtype`` fp8_e4m3, fp8_e5m2, ... as resolved:
+``passes.kv_cache_refusal``), which the split verify is not proven on.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def check_passes_under_dcp(server_args) -> None:
         own_layer=own_layer, mla=mla, target_backend=target_backend, draft_mla=draft_mla,
         draft_backend=getattr(view, "speculative_draft_attention_backend", None),
         verify_fix=_verify_fix(target_backend, mla), topk=int(getattr(view, "speculative_eagle_topk", None) or 1),
-        flashinfer_fix=_verify_fix("flashinfer", mla),
+        flashinfer_fix=_verify_fix("flashinfer", mla), kv_cache_dtype=getattr(view, "kv_cache_dtype", None),
     )
     if line is not None:
         raise ValueError(line)
