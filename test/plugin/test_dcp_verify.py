@@ -12,7 +12,6 @@ host makes the same number of elements whatever the context.
 
 from __future__ import annotations
 
-
 import random
 
 import pytest
