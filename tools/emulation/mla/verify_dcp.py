@@ -33,11 +33,14 @@ keys (flashinfer's bottom-right bound on rank-local lengths).
 
 Usage: PYTHONPATH=build/trees/sglang-X .venv/bin/python tools/emulation/mla/verify_dcp.py [--fix plugin|none]
        [--control NAME[,NAME...]] [--cases a,b] [--dcp 2,4,8] [--modes eager,graph]
-       [--json | --markdown | --pr-markdown | --kernel-check]
+       [--json | --markdown | --pr-markdown | --kernel-check | --cost | --cost-markdown]
        [--control-cases a,b] [--control-dcp 8] [--control-modes eager]
        (``--control none`` is the run without a control, so one process can give both; the --control-* options
        narrow the controls' runs; ``--kernel-check`` runs the carrier's kernel check on the oracle and on each
-       broken kernel of ``mla.oracle``, alone and at the backend's first verify, and prints JSON)
+       broken kernel of ``mla.oracle``, alone and at the backend's first verify, and prints JSON; ``--cost`` and
+       ``--cost-markdown`` count one layer's verify on rank 0 of dcp 8 against stock's at dcp 1, per control:
+       launches, full passes and a replay's plans, ``emulation.mla.launches``; the cost controls are
+       ``unfused-merge``, ``full-replan`` and ``as-shipped``, both at once, the split as it first shipped)
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ SHAPES = (
 DCP_SIZES = (2, 4, 8)
 MODES = ("eager", "graph")
 CONTROLS = ("shift-write", "all-ids", "bottom-right", "window-off-by-one")
+COST_CONTROLS = ("unfused-merge", "full-replan", "as-shipped")  # what one layer costs, not its numbers
 # The split verify's numbers handed to the kernel, against what the ranks hold, must stay within this where the
 # prefixes are in the thousands (the window and the filler slots are all it adds to the prefix).
 KV_RATIO_BOUND = 1.2
@@ -599,7 +603,7 @@ def control(name: str | None):
             replace(MERGES, lambda real: unfused_merge)
             replace(REPLANS, lambda real: full_replan)
         elif name not in (None, "shift-write"):
-            raise ValueError(f"unknown control {name!r}; expected one of {', '.join(CONTROLS)}")
+            raise ValueError(f"unknown control {name!r}; expected one of {', '.join(CONTROLS + COST_CONTROLS)}")
         yield
     finally:
         for module, attr, real in reversed(saved):
