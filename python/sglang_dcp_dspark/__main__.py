@@ -26,7 +26,6 @@ import sys
 import threading
 
 from . import __version__
-from . import cli as commands
 from .core.errors import DcpDsparkError, Interrupted
 
 # An unforeseen exception: a bug of this tool. Its own code, apart from every verdict (0 to 3) and refusal (2).
@@ -77,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The commands are imported here, not with this module, so that a dependency missing from the environment
+    # (``pip install --no-deps`` installs none) is main()'s one line, not a traceback from the console script.
+    from . import cli as commands
+
     for command in commands.PARSERS:
         command.add_parser(sub)
     return parser
@@ -86,10 +89,37 @@ def _raise_interrupted(signum, frame) -> None:
     raise Interrupted(signum)
 
 
+def missing_module(exc: ModuleNotFoundError) -> str:
+    """The one line for a module the package imports that this environment lacks: the requirement the package
+    declares for it where it declares one (its metadata, as installed), else the module's own name."""
+    top = (exc.name or "").split(".")[0] or "?"
+    spec = top
+    try:
+        from importlib.metadata import PackageNotFoundError, requires
+
+        for requirement in requires("sglang-dcp-dspark") or []:
+            name = requirement.split(";")[0].strip()
+            if name.replace("-", "_").lower().startswith(top.lower()) and not name[len(top):][:1].isalnum():
+                spec = name
+                break
+    except PackageNotFoundError:  # run from a checkout without the package installed
+        pass
+    return (f"the Python package {top!r} is not installed beside sglang-dcp-dspark, which imports it; expected "
+            f"the package's dependencies installed with it (pip install --no-deps installs none); "
+            f"fix: pip install '{spec}'")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = _wants_json(argv)
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as exc:
+        message = missing_module(exc)
+        if json_mode:
+            _json_verdict(2, message)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:

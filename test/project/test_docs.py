@@ -23,6 +23,7 @@ FRESHNESS = {
     "coverage-pr-patched": "test/upstream_pr/test_docs.py",
     "pr-trees": "test/project/test_docs.py",
     "next-trees": "test/project/test_docs.py",
+    "series-parts": "test/project/test_docs.py",
     "matrix": "test/datapath/test_docs.py",
     "preflight": "test/preflight/test_check.py",
     "sweep-dcp": "test/preflight/test_check.py",
@@ -62,6 +63,11 @@ def test_every_generated_block_has_a_freshness_test():
 def test_tree_tables_are_fresh(name, series):
     """The docs' tree tables are patches/trees.json's (the states themselves: test/project/test_tree_table.py)."""
     docblocks.check(name, tree_table.markdown(series))
+
+
+def test_the_series_parts_are_the_series_config():
+    """docs/series.md's list of upstream-next's PRs is its config.json's parts, over the patches it has."""
+    docblocks.check("series-parts", tree_table.parts_markdown("upstream-next"))
 
 
 def test_the_hook_index_is_the_tables():

@@ -59,3 +59,46 @@ def test_the_installed_wheel_finds_its_default_launch_and_series(wheel, tmp_path
     assert Path(package).is_relative_to(site) and Path(draft).is_relative_to(site) and has_config
     assert releases[0] == COVERED[0] and releases[-1] == COVERED[-1] and cases > 0  # the pass map's tables, from the wheel
     assert {"sglang-0.5.17", "upstream-next", "upstream-pr-35221"} <= set(series)
+
+
+def _beside(where: Path, *packages) -> None:
+    """``packages`` (imported modules) installed in ``where`` as pip installs them: the package and its
+    dist-info, linked from this environment, nothing else of it."""
+    where.mkdir(parents=True, exist_ok=True)
+    for module in packages:
+        home = Path(module.__file__).parent
+        (where / home.name).symlink_to(home)
+        for info in home.parent.glob(f"{home.name}-*.dist-info"):
+            (where / info.name).symlink_to(info)
+
+
+def test_the_wheel_installed_no_deps_in_a_fresh_venv_beside_sglang_says_what_is_missing_in_one_line(wheel, tmp_path):
+    """As the install docs once read: a fresh venv, sglang installed ``--no-deps``, the wheel ``--no-deps``. A
+    declared dependency missing (packaging) is one line naming it and the pip command, exit 2, for ``status`` and
+    ``preflight --help``; installed beside, both work."""
+    import packaging
+    import sglang
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    beside = tmp_path / "beside"
+    _beside(beside, sglang)
+    (site / "beside.pth").write_text(f"{beside}\n")
+    tool = venv / "bin" / "sglang-dcp-dspark"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for argv in (["status"], ["preflight", "--help"]):
+        out = subprocess.run([str(tool), *argv], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 2, (argv, out.stdout, out.stderr)
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "'packaging'" in out.stderr and "fix: pip install 'packaging>=23'" in out.stderr, out.stderr
+    _beside(beside, packaging)
+    for argv in (["status"], ["preflight", "--help"]):
+        out = subprocess.run([str(tool), *argv], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, (argv, out.stderr[-2000:])
+    assert "sglang " + sglang.__version__ in subprocess.run([str(tool), "status"], capture_output=True, text=True,
+                                                            env=env, timeout=300).stdout
