@@ -645,6 +645,17 @@ def test_every_sweep_row_that_does_not_pass_says_why(capsys):
     assert "8 " not in [line[:2] for line in why if line.strip()][:2]
 
 
+def test_a_launch_argument_bad_at_every_value_is_one_error_line(capsys):
+    """--device-rows after `--` is sglang's to parse, and it refuses it whatever the dcp: one line on stderr naming
+    it, exit 2, no table of the same row four times. A value that is bad alone stays a row (the test above)."""
+    launch = ["--", "--model-path", str(DEFAULT_MODEL), "--tp", "8", "--device-rows", "99"]
+    assert main(["preflight", "--sweep", "dcp=1,2,4,8", *launch]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert "unrecognized arguments: --device-rows 99" in captured.err and "every --dcp-size value" in captured.err
+    assert captured.err.index("every --dcp-size value") < captured.err.index("fix:")
+
+
 def test_a_long_sweep_shows_its_progress(capsys):
     assert main(["preflight", "--sweep", "hicache-ratio=1,2,3,4,5", "--device-rows", "1024"]) == CHECKED
     err = capsys.readouterr().err.splitlines()

@@ -64,6 +64,18 @@ def sweep(launch: list[str], node: Node, device_rows: int | None, spec: str, *, 
         except DcpDsparkError as exc:
             report = result.Refused(verdict_mod.of_error(exc.exit_code, str(exc)))
         rows.append(result.SweepRow(value, report))
+    _refuse_what_no_value_changes(rows, flag)
     worst = verdict_mod.worst(r.report.verdict.code for r in rows)
     return result.Sweep(name, flag, release.version, tuple(argv), tuple(rows),
                         next(r.report.verdict for r in rows if r.report.verdict.code == worst))
+
+
+def _refuse_what_no_value_changes(rows: list[result.SweepRow], flag: str) -> None:
+    """Bad input that every value of the sweep meets alike (a launch argument sglang cannot parse, a config it
+    cannot read) is the launch's, not the swept option's: one error line, exit 2, not a table of the same row."""
+    first = rows[0].report.verdict
+    if first.code != 2 or any(r.report.verdict.code != 2 or r.report.verdict.why != first.why for r in rows):
+        return
+    message = first.why[0] if first.why else first.reason
+    what, sep, fix = message.partition("; fix:")
+    raise DcpDsparkError(f"{what} (the same at every {flag} value of the sweep){sep}{fix}")
