@@ -70,6 +70,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sglang_dcp_dspark.core.exits import VERDICTS
+
 SCALES = (1, 10, 100)
 DEFAULT_SWEEP = "dcp=1,2,4,8"
 RSS_OVER_IMPORT_GOAL = 1.5
@@ -219,8 +221,6 @@ def child_env(tree: Path | None) -> dict:
     return env
 
 
-# Every exit that is preflight's verdict on the launch (sglang_dcp_dspark.preflight.verdict): 2 (bad input) and 4 (a bug) are not.
-VERDICTS = (0, 1, 3, 5, 6)
 
 
 def measure(argv: list[str], env: dict, label: str) -> dict:
@@ -234,7 +234,7 @@ def measure(argv: list[str], env: dict, label: str) -> dict:
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if code not in VERDICTS:  # a preflight verdict, not a crash or bad input
+    if code not in VERDICTS:  # a preflight verdict (core/exits.py), not a crash or bad input
         raise Failed(f"{label}: exited {code}: {stderr.strip()[-800:]}")
     judge = [ln.split() for ln in stderr.splitlines() if ln.startswith("JUDGE_SECONDS ")]
     stages = [json.loads(ln.split(" ", 1)[1]) for ln in stderr.splitlines() if ln.startswith("STAGE_SECONDS ")]

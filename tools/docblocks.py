@@ -109,8 +109,10 @@ def run(command: str) -> str:
     if command not in _OUTPUT:
         proc = _PENDING.pop(command)
         out, err = proc.communicate()
-        # preflight's exit code is its verdict on the launch; a block shows any verdict, never an error (2, 4)
-        verdicts = (0, 1, 3, 5, 6) if command.startswith("sglang-dcp-dspark preflight") else (0,)
+        # preflight's exit code is its verdict on the launch; a block shows any verdict, never an error
+        from sglang_dcp_dspark.core.exits import VERDICTS
+
+        verdicts = VERDICTS if command.startswith("sglang-dcp-dspark preflight") else (0,)
         assert proc.returncode in verdicts, f"`{command}` exited {proc.returncode}: {err.strip()[-2000:]}"
         _OUTPUT[command] = out
     return _OUTPUT[command]

@@ -3,18 +3,9 @@
 Each command is a module of ``commands``;
 this module only parses, dispatches and turns errors and signals into exit codes.
 
-Exit codes: 0 done; 1 ``preflight``: sglang rejects the launch; 2 refused or
-failed, with one ``error:`` line on stderr and the sglang tree unchanged (or
-put back whole); 130 / 143 interrupted by SIGINT / SIGTERM, likewise with the
-tree unchanged or put back whole; 141 stdout was closed early (``| head``);
-4 an internal error (a bug of this tool's, one line; ``SGLANG_DCP_DSPARK_TRACEBACK=1``
-shows the traceback). ``preflight`` adds 3: the launch passes validation but
-stops at startup; 5: it passes validation, but a pass under DCP (speculative, or
-a plain extend or decode) crashes or reads other tokens' KV
-(docs/spec-under-dcp.md); and 6: it passes validation and will start, but its
-passes under DCP are unchecked on the backend it runs. So 0 from ``preflight``
-means every pass it runs under DCP was checked (or there is no DCP). With
-``preflight --json`` every exit prints one JSON object with the verdict.
+Exit codes: one table, :mod:`core.exits` (``python -m sglang_dcp_dspark.core.exits
+--markdown``), read by ``--help`` and by the docs. With ``preflight --json``
+every exit prints one JSON object with the verdict.
 """
 
 from __future__ import annotations
@@ -27,9 +18,8 @@ import threading
 
 from . import __version__
 from .core.errors import DcpDsparkError, Interrupted
+from .core.exits import BAD_INPUT, INTERNAL_ERROR, OUTCOMES, help_text
 
-# An unforeseen exception: a bug of this tool. Its own code, apart from every verdict (0 to 3) and refusal (2).
-INTERNAL_ERROR = 4
 TRACEBACK_ENV = "SGLANG_DCP_DSPARK_TRACEBACK"
 
 
@@ -61,8 +51,6 @@ def _json_verdict(code: int, message: str) -> None:
     """The one JSON object every preflight exit prints with --json: the verdict and the exit code."""
     import json
 
-    from .preflight.verdict import OUTCOMES
-
     outcome = OUTCOMES.get(code, "ERROR")
     print(json.dumps({"verdict": {"code": code, "outcome": outcome, "line": f"verdict: {outcome} (exit {code}): {message}"},
                       "error": message}, indent=2))
@@ -73,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="sglang-dcp-dspark",
         description="DCP + HiCache + DSPARK for sglang: patch series, plugin and launch preflight.",
+        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -117,17 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         message = missing_module(exc)
         if json_mode:
-            _json_verdict(2, message)
+            _json_verdict(BAD_INPUT, message)
         print(f"error: {message}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
         message = _usage_error(str(exc), argv)
         if json_mode:
-            _json_verdict(2, message)
+            _json_verdict(BAD_INPUT, message)
         print(f"error: {message}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     # A path with bytes that are not UTF-8 still prints (escaped), not a traceback.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -165,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             "replaced were put back whole; fix: resolve that and rerun",
             file=sys.stderr,
         )
-        return 2
+        return BAD_INPUT
     except Exception as exc:  # a bug of this tool's, never a verdict: its own exit code, and the traceback on request
         if os.environ.get(TRACEBACK_ENV):
             raise

@@ -110,7 +110,7 @@ def test_a_named_target_backend_picks_its_cases_and_an_unnamed_one_is_said(pass_
 
 
 @pytest.mark.parametrize("version,algorithm,dcp,flag,why", [
-    ("0.5.17", "DSPARK", 8, None, "the map covers sglang 0.5.23, not 0.5.17"),
+    ("0.5.17", "DSPARK", 8, None, "preflight covers sglang 0.5.23, not 0.5.17"),
     ("0.5.23", "DSPARK", 8, "flashmla", "not flashmla"),
     ("0.5.23", "NGRAM", 8, None, "no NGRAM case"),
 ])
@@ -156,15 +156,16 @@ def test_the_verify_fix_counts_only_its_own_readings_and_names_its_evidence(pass
     assert refuse("EAGLE3", own_layer=False, verify_fix="plugin") is None
     judged = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer", verify_fix="plugin")
     assert not judged.broken
-    assert "fixed by the plugin's flashinfer MLA hooks" in judged.summary()
-    assert "proven on CPU against a one-rank reference" in judged.summary() and "not yet run on a GPU" in judged.summary()
+    assert judged.fixed_by == "plugin" and "fixed by the plugin's flashinfer MLA hooks" in judged.summary()
+    assert "proven on CPU within 1e-5 of one rank" in judged.summary() and "not yet on a GPU" in judged.summary()
     # the target's own NextN layer: its draft decode still reads other rows, in the series' (0013) words
     assert refuse("NEXTN", own_layer=True, verify_fix="plugin") == passes.NEXTN_DRAFT.format(dcp=8, algorithm="NEXTN")
     assert refuse("EAGLE3", own_layer=False, verify_fix="plugin", topk=4) == passes.TOPK_TREE.format(dcp=8, topk=4)
     # a fix the map has no readings of on this release changes nothing, and says nothing
     assert refuse("EAGLE3", own_layer=False, verify_fix="upstream-next") == stock
-    assert not passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer",
-                            verify_fix="upstream-next").evidence
+    unfixed = passes.judge("0.5.23", "EAGLE3", dcp=8, own_layer=False, target_backend="flashinfer",
+                           verify_fix="upstream-next")
+    assert not unfixed.evidence and not unfixed.fixed_by
 
 
 def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():

@@ -75,19 +75,19 @@ def run_cli(*argv: str) -> tuple[int, str, str, int]:
         return child.returncode, out.read(), err.read(), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
 
 
-def passes_line(per_node: str, available: str = "2.0 TiB", *, draft: bool = True, estimate: bool = False) -> str:
-    """The exact verdict line of a launch that passes and will start (``per_node``: the report's "1,234.56 GiB").
-    A speculative launch runs on cutedsl_mla on a B200 (its draft on flashinfer), checked on CPU against the kernel's
-    contract; a plain one on flashinfer on an H200. The line holds 160 characters: the host figure's "fits" goes
-    first where it does not fit."""
-    gib = f"{float(per_node.split()[0].replace(',', '')):,.0f} GiB/node host" + (" (estimate)" if estimate else "")
+def passes_line(*, draft: bool = True) -> str:
+    """The exact verdict line of a launch that passes and will start. A speculative launch runs on cutedsl_mla on a
+    B200 (its draft on flashinfer), checked on CPU against the kernel's contract; a plain one on flashinfer on an
+    H200."""
     if draft:
-        head = ("verdict: PASSES (exit 0): passes checked on cutedsl_mla, flashinfer; CPU, against the kernel's "
-                "documented contract; not yet run on a GPU")
-    else:
-        head = "verdict: PASSES (exit 0): passes checked on flashinfer"
-    whole = f"{head}; {gib}, fits {available}"
-    return whole if len(whole) <= 160 else f"{head}; {gib}"
+        return "verdict: PASSES (exit 0): every pass under DCP checked on cutedsl_mla, flashinfer (on CPU)"
+    return "verdict: PASSES (exit 0): every pass under DCP checked on flashinfer"
+
+
+def host_entry(per_node: str, available: str = "2.0 TiB", *, estimate: bool = False) -> str:
+    """The verdict block's host entry (``per_node``: the report's "1,234.56 GiB")."""
+    gib = f"{float(per_node.split()[0].replace(',', '')):,.0f} GiB/node host" + (" (estimate)" if estimate else "")
+    return f"  host      {gib}, fits {available}"
 
 
 def why(out: str) -> str:
@@ -115,8 +115,9 @@ def test_plain_launch_without_a_draft_passes():
     assert "stock sglang  passes" in out and "with plugin   passes" in out
     assert "Host RAM (8 ranks per node, as run):" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
-    assert verdict_line(out) == passes_line(per_node, draft=False, estimate=True)
-    assert "stock sglang admits it too; with the plugin it passes" in why(out)
+    assert verdict_line(out) == passes_line(draft=False)
+    assert below_verdict(out)[0] == host_entry(per_node, estimate=True)
+    assert "stock sglang admits it too with the plugin it passes" in why(out)
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
@@ -133,11 +134,13 @@ def test_default_launch_with_a_draft_passes():
     assert code == CHECKED, err[-2000:]
     assert err == ""
     assert "launch PASSES sglang 0.5.17's validation" in out
-    assert "  judged by     sglang 0.5.17 (its own resolution and pool builders; adapter sglang_0_5_17: since 0.5.17)" in out
+    assert "  judged by     sglang 0.5.17's resolution and pool builders (adapter sglang_0_5_17, from 0.5.17)" in out
     assert "stock sglang  rejected: NotImplementedError: " + GATE in out
     assert "with plugin   passes" in out
     assert "page size       64 physical, 512 logical" in out  # cutedsl_mla pages by 64 (sglang sets it)
-    assert f"device rows     {DEFAULT_DEVICE_ROWS:,} physical per rank ({DEFAULT_DEVICE_ROWS_NOTE})" in out
+    # a line longer than 100 columns wraps under its own column: read as one
+    assert f"device rows {DEFAULT_DEVICE_ROWS:,} physical per rank ({DEFAULT_DEVICE_ROWS_NOTE})" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= 100
     # DeepSeek-V3's MLA rows: 61 layers x (512 + 64) x 2 bytes; the dense draft's: 5 layers x 2 KV heads
     # per rank (16 over --tp 8) x K and V x head_dim 64 x 2 bytes = 2,560 bytes.
     assert re.search(r"^  target KV +[\d,]+ +70,272 ", out, re.M), out
@@ -146,11 +149,12 @@ def test_default_launch_with_a_draft_passes():
     assert "  draft           plan registration, kv_cache_builder.maybe_register_hicache_draft" in out
     assert "available       2,048.00 GiB (the emulated node's default) less sglang's 10.00 GiB reserve: fits" in out
     per_node = re.search(r"needed +[\d,.]+ GiB per rank, ([\d,.]+ GiB) per node", out).group(1)
-    assert verdict_line(out) == passes_line(per_node)
-    assert "stock sglang rejects it" in why(out) and COVERS_ALL in why(out)
+    assert verdict_line(out) == passes_line()
+    assert below_verdict(out)[0] == host_entry(per_node)
+    assert "stock sglang rejects it (HiCache under DCP with DSPARK)" in why(out) and COVERS_ALL in why(out)
     # cutedsl_mla decodes only: sglang 0.5.17 prefills with trtllm_mla beside it on Blackwell, its own choice
-    assert ("  attention     prefill trtllm_mla (sglang's choice on the NVIDIA B200); decode cutedsl_mla (named by the "
-            "launch)") in out
+    assert ("attention prefill trtllm_mla (sglang's choice on the NVIDIA B200); decode cutedsl_mla (named by the "
+            "launch)") in " ".join(out.split())
     assert 0 < rss < PEAK_RSS_LIMIT
 
 
@@ -208,7 +212,8 @@ def test_json_report_geometry(capsys):
     assert report["passed"] and not report["stock"]["passed"] and GATE in report["stock"]["message"]
     per_node = f"{report['sizing']['host_ram']['needed_per_node'] / GIB:,.2f} GiB"
     verdict = report["verdict"]
-    assert (verdict["code"], verdict["outcome"], verdict["line"]) == (CHECKED, "PASSES", passes_line(per_node))
+    assert (verdict["code"], verdict["outcome"], verdict["line"]) == (CHECKED, "PASSES", passes_line())
+    assert verdict["host"] == host_entry(per_node).split(None, 1)[1]
     assert verdict["advice"] is None and any(COVERS_ALL in w for w in verdict["why"])
     sizing = report["sizing"]
     assert sizing["dcp_size"] == 8 and sizing["device_rows"] == 1024
@@ -285,8 +290,8 @@ def test_plugins_startup_check_stops_it_exit_3(capsys):
     assert report["startup_stops"][0] == f"startup stops while the host pools are built: {error}"
     assert main(["preflight", "--device-rows", "400000", "--host-ram-gib", "12"]) == 3
     out = capsys.readouterr().out
-    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3): building the host pools fails: HiCache "
-                                        "needs at least ")
+    # The error is longer than the line holds: the line says so, whole, and the block quotes the error.
+    assert verdict_line(out) == "verdict: STOPS AT STARTUP (exit 3): building the host pools fails (its error is below)"
     assert f"startup stops while the host pools are built: {' '.join(error.split())}" in why(out)
 
 
@@ -294,7 +299,8 @@ def test_stop_on_estimated_rows_says_so(capsys):
     """A stop judged on the upper-bound estimate of device rows asks for the real figure."""
     assert main(["preflight", "--host-ram-gib", "64", *launch()]) == 3
     out = capsys.readouterr().out
-    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3)") and "(estimate)" in verdict_line(out)
+    assert verdict_line(out).startswith("verdict: STOPS AT STARTUP (exit 3)") and "on estimated rows" in verdict_line(out)
+    assert any(line.startswith("  host") and "(estimate)" in line for line in below_verdict(out))
     assert "device rows are an upper-bound estimate, pass --device-rows for a firm verdict" in why(out)
 
 
@@ -341,9 +347,11 @@ def test_eagle_is_rejected_with_sglangs_message(capsys):
     assert main(["preflight", *launch(TINY, "EAGLE")]) == 1
     out = capsys.readouterr().out
     assert "launch REJECTED" in out and GATE in out
-    # the plugin's resolver hook refuses it, in the series' words
-    assert verdict_line(out).startswith("verdict: REJECTED (exit 1): the plugin refuses it: " + GATE)
-    assert "stock sglang rejects it (NotImplementedError: " + GATE in why(out)
+    # sglang's gate and the plugin's resolver hook both refuse it; the block quotes the plugin's words whole
+    assert verdict_line(out) == "verdict: REJECTED (exit 1): sglang 0.5.17 refuses HiCache under DCP with EAGLE"
+    assert "message   the plugin: NotImplementedError: " + GATE in why(out)
+    # the smallest change that passes: HiCache off keeps DCP and the draft
+    assert below_verdict(out)[0].startswith("  change    drop --enable-hierarchical-cache: PASSES (exit 0)")
 
 
 @pytest.mark.parametrize(
@@ -482,12 +490,15 @@ def test_json_reports_bad_input_on_stdout(capsys, argv):
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = (REPO / "README.md", REPO / "docs" / "operator-guide.md")
-# <!-- preflight:begin (COMMAND) --> then a fenced block with COMMAND's output, then <!-- preflight:end -->
-SAMPLE = re.compile(r"(<!-- preflight:begin \((?P<command>sglang-dcp-dspark preflight[^)]*)\) -->\n)(?P<block>.*?)(<!-- preflight:end -->)", re.S)
+# <!-- preflight:begin (COMMAND) --> then a fenced block with COMMAND's output, then <!-- preflight:end -->; a
+# demo-verdict block holds the output's verdict alone, from its line on.
+SAMPLE = re.compile(r"(<!-- (?P<name>preflight|demo-verdict):begin \((?P<command>sglang-dcp-dspark preflight[^)]*)\) -->\n)"
+                    r"(?P<block>.*?)(<!-- (?P=name):end -->)", re.S)
 
 
-def sample_output(command: str) -> str:
-    """What COMMAND prints now, with the plugin switches as an operator's shell has them by default (unset)."""
+def sample_output(command: str, name: str = "preflight") -> str:
+    """What COMMAND prints now, with the plugin switches as an operator's shell has them by default (unset); a
+    demo-verdict block, its verdict alone."""
     import contextlib
     import io
 
@@ -498,11 +509,14 @@ def sample_output(command: str) -> str:
             main(shlex.split(command)[1:])
     finally:
         os.environ.update(saved)
-    return "```\n" + out.getvalue() + "```\n"
+    text = out.getvalue()
+    if name == "demo-verdict":
+        text = text[text.rindex("\nverdict: ") + 1:]
+    return "```\n" + text + "```\n"
 
 
 def regenerate(text: str) -> str:
-    return SAMPLE.sub(lambda m: m.group(1) + sample_output(m.group("command")) + m.group(4), text)
+    return SAMPLE.sub(lambda m: m.group(1) + sample_output(m.group("command"), m.group("name")) + m.group(5), text)
 
 
 def test_a_judgement_leaves_the_environment_as_it_found_it(capsys):
@@ -525,7 +539,7 @@ def test_doc_samples_are_fresh():
         text = doc.read_text(encoding="utf-8")
         for m in SAMPLE.finditer(text):
             samples += 1
-            fresh = sample_output(m.group("command"))
+            fresh = sample_output(m.group("command"), m.group("name"))
             assert m.group("block") == fresh, (
                 f"{doc.name}: the sample output of `{m.group('command')}` is stale; fix: python test/preflight/test_check.py --write-docs")
     assert samples >= 1
@@ -639,9 +653,11 @@ def test_bad_sweeps_are_one_line(capsys, argv, says):
 def test_every_sweep_row_that_does_not_pass_says_why(capsys):
     assert main(["preflight", "--sweep", "dcp=1.5,-1,8", "--device-rows", "1024"]) == 2
     out = capsys.readouterr().out
-    why = out.split("\n  why:\n", 1)[1].splitlines()
+    # one row per value, its continuation lines (wrapped at 100 columns) indented under the verdict
+    why = re.split(r"\n  (?=\S)", out.split("\n  why:\n", 1)[1].split("\n\n", 1)[0].strip("\n"))
+    why = [" ".join(row.split()) for row in why]
     assert why[0].split()[0] == "1.5" and "invalid int value: '1.5'" in why[0]
-    assert why[1].split()[0] == "-1" and "REJECTED (exit 1): sglang 0.5.17 rejects it: Decode context parallel size" in why[1]
+    assert why[1].split()[0] == "-1" and "REJECTED (exit 1): sglang 0.5.17 refuses --dcp-size -1: it takes 1 or more" in why[1]
     assert "8 " not in [line[:2] for line in why if line.strip()][:2]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from report_text import verdict_line
 from sglang_dcp_dspark.__main__ import main
 from sglang_dcp_dspark.plugin.switch import SWITCH_ENV, WHITELIST_ENV
 
@@ -130,7 +131,9 @@ def test_a_dense_target_at_dcp_1_is_not_told_about_dcp(capsys):
     # under DCP sglang itself refuses it, for that reason
     assert main(["preflight", "--", "--model-path", str(dense), "--enable-hierarchical-cache", "--tp", "2",
                  "--dcp-size", "2"]) == 1
-    assert "only supported for MLA models" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "only supported for MLA models" in " ".join(out.split())
+    assert verdict_line(out).endswith("refuses HiCache under DCP for a dense model"), verdict_line(out)
 
 
 def test_status_names_a_series_for_another_release_as_such(capsys):

@@ -50,9 +50,9 @@ def test_an_fp8_kv_launch_under_dcp_and_dspark_gets_the_plugins_refusal():
     assert report["plugin"]["enabled"] and report["stock"]["passed"], report["plugin"]
     assert code == 1 and report["message"] == f"ValueError: {refusal}", report["message"]
     # The line: who refuses what, and the change preflight judged to pass; the block quotes the plugin's line whole.
-    assert "the plugin refuses DSPARK (fp8_e4m3 KV) on flashinfer under DCP" in line, line
-    assert "use --kv-cache-dtype auto (exit 0)" in line, line
-    assert refusal in report["verdict"]["detail"]
+    assert line == "verdict: REJECTED (exit 1): the plugin refuses DSPARK's fp8_e4m3 KV on flashinfer under DCP"
+    assert report["verdict"]["change"].startswith("--kv-cache-dtype auto: PASSES (exit 0)"), report["verdict"]
+    assert report["verdict"]["message"] == f"the plugin: ValueError: {refusal}"
     advice = report["verdict"]["advice"]
     assert advice["add"] == ["--kv-cache-dtype", "auto"] and advice["remove"] == ["--kv-cache-dtype", "fp8_e4m3"]
     # Its passes under DCP are not called checked: the split verify is proven on the model's own dtype only.
@@ -64,5 +64,5 @@ def test_an_fp8_kv_launch_under_dcp_and_dspark_gets_the_plugins_refusal():
 @pytest.mark.trees
 def test_the_same_launch_on_a_bf16_pool_passes():
     code, report = preflight("--kv-cache-dtype", "bf16")
-    assert code == 0 and "verify: plugin fix, proven on CPU" in report["verdict"]["line"], report["verdict"]["line"]
+    assert code == 0 and "the plugin fixes its verify" in report["verdict"]["line"], report["verdict"]["line"]
     assert report["passes"]["refused_kv"] is None

@@ -59,7 +59,21 @@ def test_without_a_resolution_the_arguments_say_what_runs():
 
 
 def test_an_advised_launch_drops_every_form_of_the_options_it_replaces():
-    argv = ["--tp", "8", "--attention-backend", "fa3", "--decode-attention-backend=flashinfer", "--dcp-size", "8"]
-    rest, removed = resolution.without(argv, resolution.BACKEND_OPTIONS)
-    assert rest == ["--tp", "8", "--dcp-size", "8"]
+    from sglang_dcp_dspark.preflight import advice
+    from sglang_dcp_dspark.preflight.verdict import Change
+
+    argv = ["--tp", "8", "--attention-backend", "fa3", "--decode-attention-backend=flashinfer", "--dcp-size", "8",
+            "--enable-hierarchical-cache", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk=4"]
+    backend = Change("--attention-backend flashinfer", add=("--attention-backend", "flashinfer"),
+                     drop=advice.BACKEND_OPTIONS)
+    changed, removed = advice.apply(argv, backend)
+    assert changed == ["--tp", "8", "--dcp-size", "8", *argv[7:], "--attention-backend", "flashinfer"]
     assert removed == ["--attention-backend", "fa3", "--decode-attention-backend=flashinfer"]
+    # an option without a value, and every option of one kind
+    changed, removed = advice.apply(argv, Change("drop HiCache", drop_flags=(advice.HICACHE_FLAG,)))
+    assert advice.HICACHE_FLAG not in changed and removed == [advice.HICACHE_FLAG]
+    changed, removed = advice.apply(argv, Change("no speculative decoding", drop_prefix="--speculative-"))
+    assert changed == argv[:8] and removed == argv[8:]
+    # a value set replaces the old one
+    changed, removed = advice.apply(argv, Change("--dcp-size 1", add=("--dcp-size", "1")))
+    assert changed.count("--dcp-size") == 1 and changed[-2:] == ["--dcp-size", "1"] and removed == ["--dcp-size", "8"]

@@ -18,7 +18,7 @@ from sglang_dcp_dspark.preflight.verdict import BAD_INPUT, Verdict
 PASSING_KEYS = ["release", "launch", "node", "plugin", "stock", "with_plugin", "passed", "message", "sglang_warnings",
                 "attention_backends", "passes", "resolved", "sizing", "startup_stops", "sizing_if_admitted", "verdict"]
 VERDICT_KEYS = ["code", "outcome", "line", "detail", "reason", "host", "why", "checked", "unchecked", "evidence", "todo",
-                "advice"]
+                "advice", "change", "message", "details"]
 SIZING_KEYS = ["device_rows", "device_rows_note", "device_rows_estimated", "device_rows_max", "dcp_size", "page_size",
                "logical_page_size", "target_kv", "draft_kv", "draft_architecture", "ranks_per_node", "draft_plan",
                "draft_path", "hicache_ratio", "auto_sized_from", "target_hicache_size", "pools", "stock_pools",
@@ -86,7 +86,7 @@ def test_a_launch_the_plugin_refuses_is_sized_if_admitted():
     assert not judged.passed and not judged.admitted and isinstance(judged.sizing, result.Sizing)
     out = judged.as_dict()
     assert out["sizing_if_admitted"] is True and out["sizing"]["host_ram"]["needed_per_node"] > 0
-    assert "if admitted" in judged.verdict.line and "if admitted" in report.render(judged)
+    assert "if admitted" in judged.verdict.host and "if admitted" in report.render(judged)
 
 
 def test_a_sweep_keeps_its_rows_typed_and_its_worst_verdict():

@@ -40,6 +40,19 @@ def release_tree():
     return row
 
 
+@contextlib.contextmanager
+def plugin_switches(env: dict[str, str] | None):
+    """The plugin switches as an operator's shell has them by default (unset), unless ``env`` sets them."""
+    saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
+    os.environ.update(env or {})
+    try:
+        yield
+    finally:
+        for name in (env or {}):
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+
+
 def preflight(*argv: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
     """``sglang-dcp-dspark preflight --json ARGV`` in this process: exit code, report, stderr.
 
@@ -47,14 +60,22 @@ def preflight(*argv: str, env: dict[str, str] | None = None) -> tuple[int, dict,
     """
     from sglang_dcp_dspark.__main__ import main
 
-    saved = {name: os.environ.pop(name) for name in (WHITELIST_ENV, SWITCH_ENV) if name in os.environ}
-    os.environ.update(env or {})
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["preflight", "--json", *argv])
-    finally:
-        for name in (env or {}):
-            os.environ.pop(name, None)
-        os.environ.update(saved)
+    with plugin_switches(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["preflight", "--json", *argv])
     return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def judge(node: str, argv: list[str], device_rows: int, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """One launch judged as ``preflight --gpu-name NODE --device-rows N -- ARGV`` judges it, in this process: its
+    exit code, its ``--json`` report and its text report (one judgement serves both)."""
+    from sglang_dcp_dspark.core.errors import DcpDsparkError
+    from sglang_dcp_dspark.preflight import check, report
+    from sglang_dcp_dspark.preflight.launch import Node
+
+    with plugin_switches(env):
+        try:
+            judged = check.run(list(argv), Node.of_part(node), device_rows)
+        except DcpDsparkError as exc:
+            return exc.exit_code, {"verdict": {"code": exc.exit_code, "line": str(exc)}}, f"error: {exc}"
+    return judged.verdict.code, judged.as_dict(), report.render(judged)

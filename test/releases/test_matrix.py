@@ -154,8 +154,8 @@ def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
     code, report, err = preflight(*DSA_LAUNCH)
     assert "Traceback" not in err
     if since("0.5.22"):
-        assert code == 1 and "rejects it: DSA DCP does not support HiSparse or HiCache" in report["verdict"]["line"]
-        assert "DSA DCP does not support HiSparse or HiCache." in report["verdict"]["detail"]
+        assert code == 1 and "refuses it: DSA DCP does not support HiSparse or HiCache" in report["verdict"]["line"]
+        assert "DSA DCP does not support HiSparse or HiCache." in report["verdict"]["message"]
         return
     assert code == 3, report["verdict"]["line"]
     pools = {p["name"]: p for p in report["sizing"]["pools"]}
@@ -170,7 +170,7 @@ def test_a_dsa_models_indexer_pool_is_counted_or_the_release_refuses_it():
     else:
         # Each pool is checked against the whole node's free RAM there; the node does not hold them all.
         assert ram["needed_per_node"] > 2_038 * 2**30 and not ram["fits"]
-        assert "host pools need 2,06" in report["verdict"]["line"] and "2,038 GiB left" in report["verdict"]["line"]
+        assert "host pools need 2,06" in report["verdict"]["line"] and "has 2,038 GiB left" in report["verdict"]["line"]
         assert "more than the 2,038.00 GiB left" in report["verdict"]["detail"]
 
 
@@ -210,7 +210,7 @@ def test_auto_sizing_short_of_the_draft_stops_stock_and_the_fix_fits():
     else:
         assert "Not enough host memory available" in sizing["stock_startup_error"]
         off, report_off, _ = preflight(*argv, env={"SGLANG_ENABLE_DCP_DSPARK_PLUGIN": "0"})
-        assert off == 3 and "Not enough host memory available" in report_off["verdict"]["line"]
+        assert off == 3 and "Not enough host memory available" in report_off["verdict"]["detail"]
 
 
 @pytest.mark.skipif(since("0.5.21"), reason="from 0.5.21 the ratio is auto-sized")

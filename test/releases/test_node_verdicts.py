@@ -61,32 +61,39 @@ def _line(report: dict) -> str:
     return report["verdict"]["line"]
 
 
+def _change(report: dict) -> str:
+    """The entry beneath the line: the change that works, and preflight's verdict on that launch."""
+    return report["verdict"]["change"] or ""
+
+
 def _block(report: dict) -> str:
-    """The verdict's block, as one string: why, checked, unchecked, evidence, to do."""
+    """The verdict's block, as one string: why, the message, checked, unchecked, evidence, to do, details."""
     v = report["verdict"]
-    return " ".join([*v["why"], v["checked"] or "", v["unchecked"] or "", v["evidence"] or "", *v["todo"]])
+    return " ".join([*v["why"], v["message"] or "", v["checked"] or "", v["unchecked"] or "", v["evidence"] or "",
+                     *v["todo"], *v["details"]])
 
 
 def test_plain_dcp_on_hopper_runs_on_the_backend_the_plugin_picks():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *PLAIN)
     assert report["attention_backends"]["decode"] == "flashinfer", report["attention_backends"]
-    assert code == 0 and "passes checked on flashinfer" in _line(report), _line(report)
+    assert code == 0 and "every pass under DCP checked on flashinfer" in _line(report), _line(report)
     if TREE in SERIES_TREES:  # sglang's own default there (0015): nothing of the plugin's
         assert "sglang's choice on the NVIDIA H200" in report["attention_backends"]["from"]
     else:
-        assert "picked by the plugin" in _line(report), _line(report)
         assert "decode flashinfer (picked by the plugin under DCP)" in report["attention_backends"]["from"]
 
 
 def test_fa3_named_under_dcp_is_refused_in_one_line_naming_flashinfer():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *PLAIN,
                                 "--attention-backend", "fa3")
-    assert code == 1 and "fa3" in _line(report) and "use --attention-backend flashinfer (exit 0)" in _line(report)
+    assert code == 1 and "fa3" in _line(report), _line(report)
+    assert _change(report).startswith("--attention-backend flashinfer: PASSES (exit 0)"), _change(report)
     if TREE in SERIES_TREES:  # the series' own check refuses it
-        assert "has no DCP code" in report["verdict"]["detail"], report["verdict"]["detail"]
+        assert _line(report).endswith("upstream-next refuses DCP on fa3"), _line(report)
+        assert "has no DCP code" in report["verdict"]["message"], report["verdict"]["message"]
     else:  # the plugin refuses it in the series' words
-        assert "the plugin refuses a plain launch on fa3 under DCP" in _line(report), _line(report)
-        assert passes.FA3_PLAIN.format(dcp=8) in report["verdict"]["detail"]
+        assert _line(report).endswith("the plugin refuses DCP on fa3"), _line(report)
+        assert report["verdict"]["message"] == "the plugin: ValueError: " + passes.FA3_PLAIN.format(dcp=8)
 
 
 def test_plain_dcp_on_hopper_without_the_plugin_is_a_broken_pass():
@@ -96,14 +103,16 @@ def test_plain_dcp_on_hopper_without_the_plugin_is_a_broken_pass():
         assert code == 0 and report["attention_backends"]["decode"] == "flashinfer", _line(report)
         return
     assert code == 5 and report["attention_backends"]["decode"] == "fa3", _line(report)
-    assert "on fa3" in _line(report) and "use --attention-backend flashinfer (exit 0)" in _line(report)
+    assert "on fa3" in _line(report), _line(report)
+    assert _change(report).startswith("--attention-backend flashinfer: PASSES (exit 0)"), _change(report)
     assert "DECODE_EAGER on fa3 (dcp 8, rank 0): crashes" in _block(report)
 
 
 def test_plain_dcp_on_flashinfer_passes_and_says_what_was_checked():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--", *PLAIN, "--attention-backend", "flashinfer")
-    assert code == 0 and "passes checked on flashinfer" in _line(report), _line(report)
-    assert "the pass map checked EXTEND, DECODE_EAGER, DECODE_GRAPH on flashinfer" in report["verdict"]["checked"]
+    assert code == 0 and "every pass under DCP checked on flashinfer" in _line(report), _line(report)
+    assert "each pass it runs on flashinfer reads the rows it wrote" in report["verdict"]["checked"]
+    assert "consistent under DCP: EXTEND, DECODE_EAGER, DECODE_GRAPH" in report["verdict"]["details"]
 
 
 def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
@@ -111,31 +120,31 @@ def test_dspark_on_flashinfer_is_judged_with_the_verify_the_launch_runs():
     0012) or 0.5.22's and 0.5.23's hooked (the plugin): there PASSES, naming the fix and its evidence. Elsewhere, without the plugin, a
     broken verify (exit 5) on every release that admits it (0.5.17 does not, at HiCache + DCP: its gate, exit 1);
     with the plugin, refused, naming the verify."""
-    evidence = "proven on CPU against a one-rank reference (tools/emulation/mla/verify_dcp.py), not yet run on a GPU"
+    evidence = "proven on CPU within 1e-5 of one rank, not yet on a GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)"
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer", env=OFF)
     if TREE in SERIES_TREES:
-        assert code == 0 and "verify: upstream-next 0012, proven on CPU" in _line(report), _line(report)
+        assert code == 0 and "upstream-next fixes its verify" in _line(report), _line(report)
         assert "fixed by upstream-next 0012" in report["verdict"]["evidence"] and evidence in report["verdict"]["evidence"]
     elif report["stock"]["passed"]:
-        # The line names the pass once (its graph and eager forms are one pass to an operator); the block, both forms.
-        assert code == 5 and "TARGET_VERIFY on flashinfer reads other tokens' KV" in _line(report), _line(report)
+        # The line says what goes wrong, in an operator's words; the details name both forms of the pass.
+        assert code == 5 and "on flashinfer, the target reads other tokens' KV" in _line(report), _line(report)
         assert "TARGET_VERIFY_EAGER on flashinfer" in _block(report) and "TARGET_VERIFY_GRAPH" in _block(report)
         if TREE in FIXED_TREES:  # the plugin's verify fix applies here: the advice is to turn it on
-            assert "use the dcp_dspark plugin (exit 0)" in _line(report), _line(report)
+            assert _change(report).startswith("the dcp_dspark plugin on: PASSES (exit 0)"), _change(report)
             assert report["verdict"]["advice"]["env"] and not report["verdict"]["advice"]["add"]
     else:
         assert code == 1 and "TARGET_VERIFY_EAGER on flashinfer" in _block(report), _line(report)
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "flashinfer")
     if TREE in FIXED_TREES:
-        fix, short = (("upstream-next 0012", "upstream-next 0012") if TREE in SERIES_TREES
-                      else ("the plugin's flashinfer MLA hooks", "plugin fix"))
-        assert code == 0 and f"verify: {short}, proven on CPU" in _line(report), _line(report)
+        fix, short = (("upstream-next 0012", "upstream-next") if TREE in SERIES_TREES
+                      else ("the plugin's flashinfer MLA hooks", "the plugin"))
+        assert code == 0 and f"{short} fixes its verify" in _line(report), _line(report)
         assert f"fixed by {fix}" in report["verdict"]["evidence"] and evidence in report["verdict"]["evidence"]
     else:
         assert code == 1 and "the plugin refuses DSPARK on flashinfer under DCP" in _line(report), _line(report)
-        assert "verify plans KV ids past this rank's pool" in report["verdict"]["detail"]
+        assert "verify plans KV ids past this rank's pool" in report["verdict"]["message"]
 
 
 def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict():
@@ -144,19 +153,21 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
     assert "only supported on Blackwell" not in _line(report), _line(report)
     assert report["node"]["capability"] == [10, 0]
     assert code == 0, _line(report)  # it starts, and the map ran its passes against the kernel's contract
-    assert "passes checked on cutedsl_mla" in _line(report), _line(report)
-    assert "--attention-backend cutedsl_mla" not in _line(report)  # never advised the backend it runs on
+    assert "every pass under DCP checked on cutedsl_mla" in _line(report), _line(report)
+    assert report["verdict"]["advice"] is None  # never advised the backend it runs on
     # and on a Hopper node sglang refuses it, for that reason
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
                                 "--attention-backend", "cutedsl_mla")
-    assert code == 1 and "Blackwell" in report["verdict"]["detail"], report["verdict"]["detail"]
+    assert code == 1 and "Blackwell" in report["verdict"]["message"], report["verdict"]["message"]
+    assert _line(report).endswith("refuses cutedsl_mla on the NVIDIA H200's Hopper GPUs"), _line(report)
 
 
 def test_the_embedded_default_gets_a_checked_verdict_naming_its_evidence():
     code, report, _ = preflight()
     assert report["node"]["gpu_name"] == "NVIDIA B200"
-    assert code == 0 and _line(report).startswith("verdict: PASSES (exit 0): passes checked on cutedsl_mla"), _line(report)
-    assert "CPU, against the kernel's documented contract; not yet run on a GPU" in _line(report), _line(report)
+    assert code == 0 and _line(report).startswith("verdict: PASSES (exit 0): every pass under DCP checked on "
+                                                  "cutedsl_mla"), _line(report)
+    assert "(on CPU)" in _line(report), _line(report)
     assert passes.KERNEL_EVIDENCE in report["verdict"]["evidence"]
     assert report["verdict"]["advice"] is None and not report["verdict"]["unchecked"], _line(report)
 
@@ -167,16 +178,17 @@ def test_a_plain_dcp_launch_on_a_b200_is_judged_on_trtllm_mlas_decode():
     code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *PLAIN, env=OFF)
     assert report["attention_backends"]["decode"] == "trtllm_mla"
     if broken:
-        assert code == 5 and "DECODE on trtllm_mla" in _line(report), _line(report)
-        assert "page past the rank's cache" in _block(report)
-        assert "--attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
+        assert code == 5 and "on trtllm_mla, the target" in _line(report), _line(report)
+        assert "DECODE_EAGER on trtllm_mla" in _block(report)
+        assert any("page past the rank's cache" in p["detail"] for p in report["passes"]["passes"])
+        assert _change(report).startswith("--attention-backend cutedsl_mla: PASSES (exit 0)"), _change(report)
     else:
-        assert code == 0 and "passes checked on trtllm_mla" in _line(report), _line(report)
-        assert "not yet run on a GPU" in _line(report), _line(report)
+        assert code == 0 and "every pass under DCP checked on trtllm_mla" in _line(report), _line(report)
+        assert "(on CPU)" in _line(report), _line(report)
     code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *PLAIN)
     if broken:  # the plugin's check refuses a pass the map shows broken, and names the backend that runs it
-        assert code == 1 and "the plugin refuses a plain launch on trtllm_mla" in _line(report), _line(report)
-        assert "use --attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
+        assert code == 1 and "the plugin refuses DCP on trtllm_mla" in _line(report), _line(report)
+        assert _change(report).startswith("--attention-backend cutedsl_mla: PASSES (exit 0)"), _change(report)
     else:
         assert code == 0, _line(report)
 
@@ -189,14 +201,14 @@ def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
     for env in (OFF, None):
         code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *DSPARK, env=env)
         if env is OFF and not report["stock"]["passed"]:  # 0.5.17's own HiCache gate, stock: refused first
-            assert code == 1 and "does not support speculative decoding" in report["verdict"]["detail"], _line(report)
+            assert code == 1 and "does not support speculative decoding" in report["verdict"]["message"], _line(report)
             continue
         assert code == 3 and "trtllm_mla refuses DSPARK under DCP as it starts" in _line(report), _line(report)
         assert "cannot serve decode context parallelism with speculative decoding" in _block(report)
         # cutedsl_mla, checked against its kernel's contract, comes first (and flashinfer MLA where its verify is
         # planned split); either way the advised launch's evidence is named
-        assert "use --attention-backend cutedsl_mla (exit 0)" in _line(report), _line(report)
-        assert "not yet run on a GPU" in report["verdict"]["todo"][0]
+        assert _change(report).startswith("--attention-backend cutedsl_mla: PASSES (exit 0)"), _change(report)
+        assert "(on CPU)" in _change(report), _change(report)
 
 
 def test_a_draft_tree_under_dcp_is_advised_the_chain_that_runs():
@@ -213,4 +225,4 @@ def test_a_draft_tree_under_dcp_is_advised_the_chain_that_runs():
     advice = report["verdict"]["advice"]
     assert code == 1 and "(topk 4) on flashinfer under DCP" in _line(report), _line(report)
     assert advice["add"] == ["--speculative-eagle-topk", "1"] and advice["verdict"] == 0, advice
-    assert "use --speculative-eagle-topk 1 (exit 0)" in _line(report), _line(report)
+    assert _change(report).startswith("--speculative-eagle-topk 1: PASSES (exit 0)"), _change(report)

@@ -52,7 +52,7 @@ def test_a_nextn_launch_on_a_target_without_mtp_layers_is_never_a_pass():
     """Kimi-K2-Thinking ships no NextN layer: refused by the release's gate, or named as the reason (exit 2)."""
     code, report, err = judged("kimi-k2-thinking", *DCP8, "--speculative-algorithm", "NEXTN")
     if code == 1:
-        assert "speculative" in report["verdict"]["line"]
+        assert "speculative" in report["verdict"]["message"], report["verdict"]
     else:
         assert code == 2 and "has none (num_nextn_predict_layers is not set)" in err
 
@@ -67,7 +67,8 @@ def test_kimi_k2_5_is_read_through_its_text_config():
 def test_deepseek_v4_flash_gets_sglangs_verdict_or_one_line():
     """Under DCP sglang refuses it (not MLA to its HiCache gate); without DCP, its compressed pool is named."""
     code, report, _ = judged("deepseek-v4-flash", *DCP8)
-    assert code == 1 and "only supported for MLA models" in report["verdict"]["line"]
+    assert code == 1 and "only supported for MLA models" in report["verdict"]["message"]
+    assert report["verdict"]["line"].endswith("refuses HiCache under DCP for a dense model"), report["verdict"]["line"]
     code, _, err = judged("deepseek-v4-flash", "--tp", "8", "--enable-hierarchical-cache")
     assert code == 2 and "DeepseekV4ForCausalLM" in err and "compressed KV pool" in err
 
@@ -96,4 +97,5 @@ def test_an_eagle3_draft_gets_its_own_dense_host_pool_without_dcp():
 
 def test_an_eagle3_draft_under_dcp_and_hicache_is_refused_by_every_release():
     code, report, _ = judged("kimi-k2-thinking", *DCP8, *EAGLE3)
-    assert code == 1 and "dcp-size > 1" in report["verdict"]["line"]
+    assert code == 1 and "dcp-size > 1" in report["verdict"]["message"]
+    assert report["verdict"]["line"].endswith("refuses HiCache under DCP with EAGLE3"), report["verdict"]["line"]

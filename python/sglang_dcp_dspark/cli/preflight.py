@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 
+from ..core import exits
 from ..core.errors import DcpDsparkError
 from ..preflight import check as preflight
 from ..preflight import gpus
@@ -84,10 +85,9 @@ def add_parser(sub) -> None:
                     "no launch arguments, DeepSeek-V3 (its config.json, shipped in the package) with a dense DSparkDraftModel DSPARK draft "
                     "(the public Kimi-K3 DSPARK draft's geometry), "
                     + " ".join(preflight.DEFAULT_LAUNCH) + f" and {preflight.DEFAULT_DEVICE_ROWS:,} device rows per rank "
-                    f"on an 8 x {preflight.DEFAULT_GPU} node. Exit codes: 0 passes and will start (every pass under DCP "
-                    "checked), 1 sglang rejects it, 2 bad input, 3 passes validation but stops at startup, 5 passes "
-                    "validation but a pass under DCP crashes or reads other tokens' KV, 6 passes validation and will "
-                    "start but its passes under DCP are unchecked on its backend (a sweep exits with its worst).",
+                    f"on an 8 x {preflight.DEFAULT_GPU} node. The exit code is the verdict (a sweep exits with its "
+                    "worst).",
+        epilog=exits.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print the report (or the error) as JSON on stdout")
     p.add_argument("--gpus", default=str(Node.gpus), metavar="N", help=f"GPUs on the target node (default {Node.gpus})")

@@ -24,15 +24,28 @@ import functools
 import gzip
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 TABLES = Path(__file__).with_name("data")
 SUFFIX = ".json.gz"
 
+class Reading(StrEnum):
+    """What the map read of one pass (the tables' words, so a reading compares and prints as its word)."""
+
+    RAISES = "raises"
+    WRONG_ROWS = "wrong-rows"
+    # Each query reads the rows it should, yet the ranks' merged attention is off one rank's (the kernel-oracle rows).
+    WRONG_OUTPUT = "wrong-output"
+    NOT_ADMITTED = "not-admitted"
+    CONSISTENT = "consistent"
+    NOT_RUN = "not-run"
+
+
 # Worst first: what a pass verdict costs the launch.
-RAISES, WRONG_ROWS, NOT_ADMITTED, CONSISTENT, NOT_RUN = "raises", "wrong-rows", "not-admitted", "consistent", "not-run"
-# Each query reads the rows it should, yet the ranks' merged attention is off one rank's (the kernel-oracle rows).
-WRONG_OUTPUT = "wrong-output"
+RAISES, WRONG_ROWS, NOT_ADMITTED, CONSISTENT, NOT_RUN = (Reading.RAISES, Reading.WRONG_ROWS, Reading.NOT_ADMITTED,
+                                                         Reading.CONSISTENT, Reading.NOT_RUN)
+WRONG_OUTPUT = Reading.WRONG_OUTPUT
 SEVERITY = {RAISES: 0, WRONG_ROWS: 1, WRONG_OUTPUT: 2, NOT_ADMITTED: 3, CONSISTENT: 4, NOT_RUN: 5}
 BROKEN = (RAISES, WRONG_ROWS, WRONG_OUTPUT, NOT_ADMITTED)
 DRAFT_PASSES = ("DRAFT_DECODE_GRAPH", "DRAFT_DECODE_EAGER", "DRAFT_EXTEND")
@@ -49,7 +62,7 @@ FLAG_OF = {"flashinfer_mla": "flashinfer"}
 @dataclass(frozen=True)
 class PassFinding:
     name: str
-    verdict: str
+    verdict: Reading
     detail: str
     where: str
     backend: str
@@ -112,6 +125,16 @@ class Judgement:
     note: str = ""  # how the cases were chosen, where the launch left a choice to the GPU node
     evidence: str = ""  # a fix the judgement counts on (the verify under DCP), and how it was proven
     refused_kv: str = ""  # the quantized --kv-cache-dtype its split verify would run on (kv_cache_refusal refuses it)
+    fixed_by: str = ""  # who carries the split verify the judgement counts on (a VERIFY_FIXES key), if any
+
+    @property
+    def kernel_checked(self) -> bool:
+        """The judgement stands on the kernel oracle of Blackwell's MLA backends, not yet on a GPU."""
+        return kernel_checked(self.findings)
+
+    @property
+    def consistent(self) -> tuple[PassFinding, ...]:
+        return tuple(f for f in self.findings if f.verdict == CONSISTENT)
 
     @property
     def broken(self) -> tuple[PassFinding, ...]:
@@ -131,6 +154,7 @@ class Judgement:
         return {"release": self.release, "algorithm": self.algorithm, "dcp": self.dcp, "mapped": self.mapped,
                 "why_unmapped": self.why_unmapped or None, "note": self.note or None, "summary": self.summary(),
                 "evidence": self.evidence or None, "refused_kv": self.refused_kv or None,
+                "fixed_by": self.fixed_by or None,
                 "passes": [vars(f) | {"consequence": f.consequence} for f in self.findings]}
 
 
@@ -250,10 +274,9 @@ VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": 
 # Blackwell's MLA backends hand their DCP reads to one flashinfer kernel; the map runs them on an oracle of its
 # documented contract (tools/emulation/mla/decode_oracle.py), judged by their reads and by numbers.
 KERNEL_ORACLE_BACKENDS = ("cutedsl_mla", "trtllm_mla")
-KERNEL_EVIDENCE = ("CPU, against the kernel's documented contract; not yet run on a GPU (flashinfer's "
-                   "trtllm_batch_decode_with_kv_cache_mla, its oracle in tools/emulation/mla/decode_oracle.py; each "
-                   "pass judged by the rows it reads and by the ranks' merged output against one rank, "
-                   "tools/emulation/passmap/blackwell.py)")
+KERNEL_EVIDENCE = ("checked on CPU against the decode kernel's documented contract, not yet on a GPU: each pass by the "
+                   "rows it reads and by the ranks' merged output against one rank (sglang-dcp-dspark's "
+                   "docs/blackwell-under-dcp.md)")
 
 
 def kernel_checked(findings) -> bool:
@@ -270,9 +293,9 @@ def _with_kernel_evidence(findings, evidence: str) -> str:
 
 def verify_evidence(fix: str) -> str:
     """What a verdict that counts on the verify fix says of it: who carries it and what proves it."""
-    return (f"TARGET_VERIFY on flashinfer MLA fixed by {VERIFY_FIXES[fix]} (split: the prefix once per request, the "
-            "window per draft token; the kernel checked before the first verify), proven on CPU against a one-rank "
-            "reference (tools/emulation/mla/verify_dcp.py), not yet run on a GPU")
+    return (f"the verify on flashinfer under DCP is fixed by {VERIFY_FIXES[fix]}: the prefix planned once per request, "
+            "the draft window per token, merged across ranks; proven on CPU within 1e-5 of one rank, not yet on a "
+            "GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)")
 
 
 def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool]:
@@ -293,7 +316,7 @@ def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict]
 def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, target_mla: bool = True,
           target_backend: str | None = None, draft_kind: str | None = None, draft_backend: str | None = None,
           hicache: bool = False, draft_side_only: bool = False, verify_fix: str | None = None,
-          draft_mla: bool = False) -> Judgement:
+          draft_mla: bool = False, capability_major: int | None = None) -> Judgement:
     """The passes of a launch under DCP, from the map.
 
     ``own_layer``: the draft is the target's own NextN layer (NEXTN, or EAGLE
@@ -309,6 +332,8 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     only, which do not depend on the target's backend. ``verify_fix``: who
     carries the per-draft-token verify on flashinfer MLA in this launch
     ("plugin", "upstream-next"), None for the release's own verify.
+    ``capability_major``: where no target backend is named, judge only the
+    backends that run on a GPU of that major compute capability.
     """
     release = release_key(version)
     name = (algorithm or "").upper()
@@ -317,11 +342,11 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     nextn = own_layer or (draft_mla and name in NEXTN_ALIASES)
     name = _algorithms(name, nextn)[0]  # the map's name: sglang's EAGLE with a NextN (MLA) draft is NEXTN
     if release not in releases():
-        return Judgement(release, name, dcp, False, why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
+        return Judgement(release, name, dcp, False, why_unmapped=f"preflight covers sglang {', '.join(releases())}, not {release}")
     target_kind = "mla" if target_mla else "mha"
     # The map's targets are MLA models (a DeepSeek-V3 shape) unless a case says otherwise.
     cases = _cases(release, _algorithms(name, nextn), target_kind, draft_kind)
-    family, borrowed = "", []
+    borrowed = []
     if name in EAGLE_FAMILY and target_mla and not draft_side_only:
         # A target backend the map ran no case of this algorithm on is judged by the EAGLE family's cases there:
         # the family shares the target's passes (its extend and TARGET_VERIFY).
@@ -329,11 +354,9 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
         borrowed = [c for c in _cases(release, EAGLE_FAMILY, target_kind, None) if c["target_backend"] not in mapped]
         if borrowed:
             cases += borrowed
-            family = (f"on {', '.join(sorted({FLAG_OF.get(c['target_backend'], c['target_backend']) for c in borrowed}))} "
-                      f"the map has no {name} case: judged by the EAGLE family's ({', '.join(sorted({c['algorithm'] for c in borrowed}))})")
     if not cases:
         kind = "an MLA" if target_mla else "a dense"
-        return Judgement(release, name, dcp, False, why_unmapped=f"the map has no {name} case with {kind} target on sglang {release}")
+        return Judgement(release, name, dcp, False, why_unmapped=f"preflight has no {name} case with {kind} target on sglang {release}")
     evidence = ""
     if verify_fix is not None:
         cases, used = _fixed_verify(cases, release, verify_fix)
@@ -341,24 +364,38 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     flagged = [c for c in cases if c.get("draft_backend_flag") == draft_backend]
     if not flagged:
         flags = sorted({str(c.get("draft_backend_flag") or "default") for c in cases})
-        return Judgement(release, name, dcp, False, why_unmapped=f"the map has {name} on draft backends {', '.join(flags)}, "
+        return Judgement(release, name, dcp, False, why_unmapped=f"preflight has {name} on draft backends {', '.join(flags)}, "
                                                                   f"not {draft_backend}")
     refused = _refused_by_factory(release, target_backend, dcp)
     if refused is not None and target_mla and not draft_side_only:
         return Judgement(release, name, dcp, True, (refused,))
-    ran = ", ".join(sorted({FLAG_OF.get(c["target_backend"], c["target_backend"]) for c in flagged}))
+    # What the map ran, of the backends that run on the node (the launch's own, whatever the node).
+    ran = ", ".join(sorted({b for b in (FLAG_OF.get(c["target_backend"], c["target_backend"]) for c in flagged)
+                            if runs_on(b, capability_major)}))
     note = ""
     if draft_side_only:
         pass
     elif target_backend is not None:
         flagged = [c for c in flagged if FLAG_OF.get(c["target_backend"], c["target_backend"]) == target_backend]
         if not flagged:
-            return Judgement(release, name, dcp, False, why_unmapped=f"the pass map has not modelled {target_backend} "
+            if any(FLAG_OF.get(c["target_backend"], c["target_backend"]) == target_backend for c in cases):
+                return Judgement(release, name, dcp, False,
+                                 why_unmapped=f"preflight has no {name} case on {target_backend} with "
+                                              f"--speculative-draft-attention-backend {draft_backend}")
+            return Judgement(release, name, dcp, False, why_unmapped=f"preflight has not modelled {target_backend} "
                                                                       f"(it models {ran})")
     else:
+        flagged = [c for c in flagged if runs_on(FLAG_OF.get(c["target_backend"], c["target_backend"]),
+                                                  capability_major)] or flagged
+        ran = ", ".join(sorted({FLAG_OF.get(c["target_backend"], c["target_backend"]) for c in flagged}))
         note = (f"the launch names no --attention-backend; sglang picks the target's on the GPU node, and the map ran "
                 f"it on {ran}")
-    if family and any(c in borrowed for c in flagged):
+    lent = [c for c in flagged if c in borrowed]
+    if lent:
+        # Said of the backends judged here alone.
+        family = (f"on {', '.join(sorted({FLAG_OF.get(c['target_backend'], c['target_backend']) for c in lent}))} "
+                  f"the map has no {name} case: judged by the EAGLE family's "
+                  f"({', '.join(sorted({c['algorithm'] for c in lent}))})")
         note = f"{note}; {family}" if note else family
     if hicache and not draft_side_only:
         # A pass read without the round trip but not after it (the Blackwell rows on releases whose HiCache API the
@@ -372,11 +409,12 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     if draft_side_only:
         findings = tuple(f for f in findings if f.name in DRAFT_PASSES)
     if all(f.verdict == NOT_RUN for f in findings):
-        return Judgement(release, name, dcp, False, why_unmapped=f"the map ran no {name} pass on sglang {release} "
+        return Judgement(release, name, dcp, False, why_unmapped=f"preflight ran no {name} pass on sglang {release} "
                                                                   "(docs/spec-under-dcp.md says why)")
     uses_fix = evidence and not draft_side_only and any(c["target_backend"] == "flashinfer_mla" for c in flagged)
     return Judgement(release, name, dcp, True, findings, note=note,
-                     evidence=_with_kernel_evidence(findings, evidence if uses_fix else ""))
+                     evidence=_with_kernel_evidence(findings, evidence if uses_fix else ""),
+                     fixed_by=verify_fix if uses_fix else "")
 
 
 def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
@@ -403,7 +441,7 @@ def _worst(cases: list[dict], hicache: bool, dcp: int, order: list[str]) -> tupl
             for reading, after_load in readings:
                 backend = case.get("draft_backend") if name in DRAFT_PASSES else case["target_backend"]
                 backend = FLAG_OF.get(backend, backend)
-                found = PassFinding(name, reading["verdict"], reading.get("detail", ""), result.get("where", ""),
+                found = PassFinding(name, Reading(reading["verdict"]), reading.get("detail", ""), result.get("where", ""),
                                     backend, case["dcp"], case["rank"], after_load)
                 held = worst.get(name)
                 rank = (SEVERITY.get(found.verdict, 0), found.dcp != dcp)
@@ -425,7 +463,8 @@ def _plain_records(release: str) -> list[dict]:
     return load(release)["plain"]
 
 
-def judge_plain(version: str, *, dcp: int, target_backend: str | None) -> Judgement:
+def judge_plain(version: str, *, dcp: int, target_backend: str | None,
+                capability_major: int | None = None) -> Judgement:
     """The target's EXTEND (its prefix gather) and DECODE (eager and CUDA graph) under DCP, from the map.
 
     ``target_backend``: the decode backend as the launch resolved it (an
@@ -436,27 +475,35 @@ def judge_plain(version: str, *, dcp: int, target_backend: str | None) -> Judgem
         return Judgement(release, PLAIN, dcp, False, why_unmapped="no DCP")
     if release not in releases():
         return Judgement(release, PLAIN, dcp, False,
-                         why_unmapped=f"the map covers sglang {', '.join(releases())}, not {release}")
+                         why_unmapped=f"preflight covers sglang {', '.join(releases())}, not {release}")
     records = _plain_records(release)
     note = ""
     if target_backend is not None:
         records = [r for r in records if flag_of(r["target_backend"]) == target_backend]
         if not records:
-            ran = ", ".join(sorted({flag_of(r["target_backend"]) for r in _plain_records(release)}))
-            return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the pass map has not modelled {target_backend} "
+            ran = ", ".join(sorted({flag_of(r["target_backend"]) for r in _plain_records(release)
+                                    if runs_on(flag_of(r["target_backend"]), capability_major)}))
+            return Judgement(release, PLAIN, dcp, False, why_unmapped=f"preflight has not modelled {target_backend} "
                                                                       f"(it models {ran})")
     else:
-        note = "the launch names no --attention-backend and sglang's choice is not known here: every backend the map ran"
+        records = [r for r in records if runs_on(flag_of(r["target_backend"]), capability_major)] or records
+        note = ("the launch names no --attention-backend and sglang's choice is not known here: every backend the map "
+                "ran that runs on the node")
     ran = [r for r in records if any(p["verdict"] != NOT_RUN for p in r["passes"].values())]
     if not ran:
         why = records[0]["passes"]["DECODE_EAGER"]["detail"] if records else "no record"
-        return Judgement(release, PLAIN, dcp, False, why_unmapped=f"the map cannot check {target_backend} on CPU ({why})")
+        return Judgement(release, PLAIN, dcp, False, why_unmapped=f"preflight cannot check {target_backend} on CPU ({why})")
     findings = _worst(ran, False, dcp, load(release)["plain_passes"])
     return Judgement(release, PLAIN, dcp, True, findings, note=note, evidence=_with_kernel_evidence(findings, ""))
 
 
 # Where a backend runs: sglang refuses fa3 past Hopper, and the trtllm-gen / CuTe DSL MLA kernels before Blackwell.
 ARCHITECTURE_BACKENDS = {"fa3": range(8, 10), "trtllm_mla": range(10, 13), "cutedsl_mla": range(10, 13)}
+
+
+def runs_on(backend: str | None, capability_major: int | None) -> bool:
+    """Does ``backend`` run on a GPU of this major compute capability (None: any)?"""
+    return capability_major is None or capability_major in ARCHITECTURE_BACKENDS.get(backend, range(0, 100))
 
 
 def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, capability_major: int,
@@ -470,7 +517,7 @@ def working_backends(version: str, algorithm: str | None, *, dcp: int, own_layer
                    | {flag_of(r["target_backend"]) for r in _plain_records(release)})
     out = []
     for flag in flags:
-        if capability_major not in ARCHITECTURE_BACKENDS.get(flag, range(0, 100)):
+        if not runs_on(flag, capability_major):
             continue
         if algorithm:
             judged = judge(version, algorithm, dcp=dcp, own_layer=own_layer, target_backend=flag,
@@ -554,8 +601,26 @@ FA3_PLAIN = ("--dcp-size {dcp} on fa3 MLA is not supported: FlashAttentionBacken
              "untranslated req_to_token locs, reading other tokens' KV. Use --attention-backend flashinfer.")
 
 
-def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | None) -> str | None:
-    """The one line the argument check refuses a launch without speculative decoding with, or None.
+@dataclass(frozen=True)
+class Refusal:
+    """The argument check's refusal of a launch under DCP, as facts (the plugin's hook and the series' 0008 raise
+    ``line``; preflight reads the rest, never the line's words).
+
+    ``what``: what is refused, in an operator's words, short enough for a verdict line. ``backend``: the target
+    attention backend it turns on (None: it does not). ``flag``/``value``: the launch option the refusal names
+    and its value there, where changing that one option lifts it; ``fix``: that change, the option with its new
+    value, or () to drop it."""
+
+    line: str
+    what: str
+    backend: str | None = None
+    flag: str | None = None
+    value: str | None = None
+    fix: tuple[str, ...] = ()
+
+
+def plain_refusal_of(version: str, *, dcp: int, mla: bool, target_backend: str | None) -> Refusal | None:
+    """The refusal of a launch without speculative decoding under DCP, or None.
 
     Only what the map ran and found broken: a backend it did not run is left to sglang.
     """
@@ -564,16 +629,28 @@ def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | No
     judged = judge_plain(version, dcp=dcp, target_backend=target_backend)
     if not judged.broken:
         return None
-    if target_backend == "fa3":
-        return FA3_PLAIN.format(dcp=dcp)
-    return f"--dcp-size {dcp} on {target_backend} MLA is not supported: {judged.broken[0].line()}."
+    line = (FA3_PLAIN.format(dcp=dcp) if target_backend == "fa3"
+            else f"--dcp-size {dcp} on {target_backend} MLA is not supported: {judged.broken[0].line()}.")
+    return Refusal(line, f"DCP on {target_backend}", target_backend)
 
 
-def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
-            target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
-            topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False,
-            kv_cache_dtype: str | None = None) -> str | None:
-    """The one line the argument check refuses a launch with, or None: the map shows no broken pass for it.
+def plain_refusal(version: str, *, dcp: int, mla: bool, target_backend: str | None) -> str | None:
+    """:func:`plain_refusal_of`'s line."""
+    found = plain_refusal_of(version, dcp=dcp, mla=mla, target_backend=target_backend)
+    return found.line if found is not None else None
+
+
+def refusal(version: str, algorithm: str | None, **facts) -> str | None:
+    """:func:`refusal_of`'s line: what the argument check raises."""
+    found = refusal_of(version, algorithm, **facts)
+    return found.line if found is not None else None
+
+
+def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
+               target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
+               topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False,
+               kv_cache_dtype: str | None = None) -> Refusal | None:
+    """The refusal of a launch by the argument check, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
     left to sglang. The draft's own passes are judged by the draft backend
@@ -589,7 +666,8 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     kv = kv_cache_refusal(dcp=dcp, algorithm=name, kv_cache_dtype=kv_cache_dtype, target_backend=target_backend,
                           mla=mla, verify_fix=verify_fix)
     if kv is not None:
-        return kv
+        return Refusal(kv, f"{name}'s {kv_cache_dtype} KV on {target_backend} under DCP", target_backend, "--kv-cache-dtype",
+                       str(kv_cache_dtype), ("--kv-cache-dtype", "auto"))
     # The reads after a load-back count whether or not this launch has HiCache: a row a wrong write hits depends
     # on the loc layout, and the load-back is one more layout.
     common = dict(dcp=dcp, own_layer=own_layer, target_mla=mla, draft_backend=draft_backend, hicache=True,
@@ -597,19 +675,23 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
     nextn_draft = own_layer or (draft_mla and name in NEXTN_ALIASES)
     draft_side = judge(version, name, draft_side_only=True, **common).broken if draft_backend is not None else ()
     if draft_side:
-        if name == "DSPARK" and draft_backend == "triton":
-            return TRITON_DRAFT.format(dcp=dcp)
-        return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {draft_side[0].line()}."
+        line = (TRITON_DRAFT.format(dcp=dcp) if name == "DSPARK" and draft_backend == "triton" else
+                f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {draft_side[0].line()}.")
+        return Refusal(line, f"{name}'s draft on {draft_backend} under DCP", None,
+                       "--speculative-draft-attention-backend", draft_backend, ())
     if target_backend is None:
         return None
     if verify_fix is not None and target_backend == "flashinfer" and mla and name in EAGLE_FAMILY:
         # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows), then a tree.
         if own_layer:
-            return NEXTN_DRAFT.format(dcp=dcp, algorithm=name)
+            return Refusal(NEXTN_DRAFT.format(dcp=dcp, algorithm=name),
+                           f"{name}'s MTP-layer draft on flashinfer under DCP", target_backend)
         if nextn_draft:
-            return NEXTN_MLA_DRAFT.format(dcp=dcp, algorithm=name)
+            return Refusal(NEXTN_MLA_DRAFT.format(dcp=dcp, algorithm=name),
+                           f"{name}'s MLA draft on flashinfer under DCP", target_backend)
         if topk > 1:
-            return TOPK_TREE.format(dcp=dcp, topk=topk)
+            return Refusal(TOPK_TREE.format(dcp=dcp, topk=topk), f"a draft tree (topk {topk}) on flashinfer under DCP",
+                           target_backend, "--speculative-eagle-topk", str(topk), ("--speculative-eagle-topk", "1"))
     judged = judge(version, name, target_backend=target_backend, verify_fix=verify_fix,
                    **{**common, "draft_backend": None})
     if not judged.broken:
@@ -618,11 +700,13 @@ def refusal(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, m
         # The release's own backend factory refuses it at startup; the check leaves it there, as the series' 0008
         # does (preflight still names it a broken pass).
         return None
+    what = f"{name} on {target_backend} under DCP"
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
         runs = flashinfer_fix is not None and (name == "DSPARK" or not nextn_draft)
-        return (FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name)
+        return Refusal((FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name), what, target_backend)
     if name in EAGLE_FAMILY and mla:
-        return EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend)
+        return Refusal(EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend), what, target_backend)
     if name == "DSPARK":
-        return DSPARK_ON.format(dcp=dcp, backend=target_backend)
-    return f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {judged.broken[0].line()}."
+        return Refusal(DSPARK_ON.format(dcp=dcp, backend=target_backend), what, target_backend)
+    return Refusal(f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: "
+                   f"{judged.broken[0].line()}.", what, target_backend)

@@ -2,33 +2,23 @@
 
 The installed sglang judges the launch, through its own code: its parser and
 resolution (read back after its own defaulting), and its own host-pool
-builders on the meta device. This module puts one judgement together: its
+builders on the meta device. This module gathers one judgement's facts: its
 input is :mod:`inputs` (the default launch, the configs, sglang's parse, the
 range checks); the launch on the emulated node :mod:`resolution` (sglang's
-resolutions, what the launch runs, its passes, the advice); what it pins
-:mod:`sizing` (with the host-RAM model, :mod:`hostram`); the verdict's words
-:mod:`verdict`. What differs between releases lives in one adapter per
-release family (:mod:`releases`); what the speculative passes read,
-:mod:`passes`; the report, the sweep table and the chart are :mod:`report`.
-A sweep of judgements is :mod:`sweep`, the command line :mod:`cli.preflight`.
-The launch is judged twice, as stock sglang and with this project's plugin
-hooks (judged and applied as the plugin applies them, for the call only).
+resolutions, what the launch runs, its passes); who refuses it
+:mod:`refusals`; what it pins :mod:`sizing` (with the host-RAM model,
+:mod:`hostram`). :func:`verdict.decide` turns the facts into the verdict, with
+the change :mod:`advice` finds. What differs between releases lives in one
+adapter per release family (:mod:`releases`); what the speculative passes
+read, :mod:`passes`; the report, the sweep table and the chart are
+:mod:`report`. A sweep of judgements is :mod:`sweep`, the command line
+:mod:`cli.preflight`. The launch is judged twice, as stock sglang and with
+this project's plugin hooks (judged and applied as the plugin applies them,
+for the call only).
 
 The exit code is the verdict on the launch as it will run (with the plugin
-when sglang's ``load_plugins`` would run it, see :mod:`plugin.switch`):
-
-- 0: it passes sglang's validation and will start;
-- 1: sglang rejects it;
-- 2: bad input (preflight's own options, the launch arguments or a config.json);
-- 3: it passes validation but will stop at startup: sglang or the plugin
-  refuses its host pools while building them, the draft host pool is short of
-  the target's logical slots, or its pools do not fit the node's RAM;
-- 5: it passes validation, but under DCP one of its passes (speculative, or
-  a plain extend or decode) crashes or reads other tokens' KV, as the pass map
-  shows it on the backend the emulated node runs;
-- 6: it passes validation and will start, but under DCP the pass map has not
-  checked its passes on that backend (or release): the line says what is
-  unchecked. 0 is said only where every pass under DCP was checked.
+when sglang's ``load_plugins`` would run it, see :mod:`plugin.switch`); what
+each code means is :mod:`core.exits`'.
 """
 
 from __future__ import annotations
@@ -37,8 +27,10 @@ import dataclasses
 
 from .. import passes as passes_mod
 from ..plugin import hooks as hooks_mod
-from . import inputs, resolution, result
+from . import advice as advice_mod
+from . import inputs, refusals, resolution, result
 from . import launch as launch_mod
+from . import models as models_mod
 from . import verdict as verdict_mod
 from .inputs import (
     DEFAULT_DEVICE_ROWS,
@@ -60,33 +52,30 @@ __all__ = ["DEFAULT_DEVICE_ROWS", "DEFAULT_DRAFT", "DEFAULT_GPU", "DEFAULT_LAUNC
            "default_launch", "default_node", "emulated_node", "judge", "prepare", "run"]
 
 
-def outcome(passed: bool, judged, sizing) -> tuple[int, object]:
-    """The exit code of a judged launch, and what stops it where it stops at startup."""
-    if not passed:
-        return verdict_mod.REJECTED, None
-    stops = sizing.host_ram.stops if isinstance(sizing, result.Sizing) else ()
-    if stops:
-        return verdict_mod.STOPS, stops[0]
-    refusing = [f for f in judged.broken if verdict_mod.refuses_at_startup(f)]
-    if refusing:
-        return verdict_mod.STOPS, refusing[0]
-    if judged.broken:
-        return verdict_mod.BROKEN_PASS, None
-    if judged.dcp > 1 and not judged.mapped:
-        return verdict_mod.UNCHECKED, None
-    return verdict_mod.PASSES, None
-
-
-def _refused_by_plugin(release, argv: list[str], node: Node, paths, state, stock, fixed):
-    """The launch as the plugin resolves it, where the plugin refuses a launch on a quantized KV pool that stock
-    admits, else None. The plugin decides that refusal on the launch as it resolves it (the backend it picks under
-    DCP, the KV dtype as resolved: ``passes.kv_cache_refusal``), so the same facts are judged here; any other
-    refusal of the plugin's is judged on stock's resolution, as before."""
-    if not (state.enabled and stock.passed and not fixed.passed and passes_mod.quantized_kv(stock.launch.kv_cache_dtype)):
+def _refused(release, res, stock, state, runs, configs, given, node, *, checked: bool) -> verdict_mod.Refusal | None:
+    """Who refuses the launch as it runs (``res``), and what, as facts: a plain mistake in the launch; else the
+    plugin's check (``checked``: the launch passes with the plugin's hooks but without its check) or the series'
+    on a tree that carries it, decided from the launch's facts; else sglang's own HiCache gates. Its message is
+    quoted whole, with who raised it."""
+    if res.passed:
         return None
-    with hooks_mod.without_pass_check():
-        unchecked = resolve(release, argv, node, paths, hooked=True)
-    return unchecked.launch if unchecked.passed else None
+    applied = applied_series()
+    hooked = res is not stock and state.enabled
+    source = "the plugin" if hooked and res.message != stock.message else f"sglang {release.version}"
+    message = f"{source}: {res.message}"
+    # A refusal of one short sentence can be quoted whole in the line.
+    text = res.text.strip().removesuffix(".")
+    words = text if "." not in text and ":" not in text else ""
+    who = "the plugin" if hooked and stock.passed else f"sglang {release.version}"
+    gate = refusals.input_gate(who, message, given, node=node)
+    found = (resolution.refusal(release, runs, configs, plugin_on=state.enabled)
+             if gate is None and ((hooked and checked) or applied) else None)
+    if gate is None and found is not None:
+        gate = refusals.of_check("the plugin" if hooked and checked else applied[-1], message, found)
+    if gate is None:
+        gate = refusals.hicache_gate(who, message, given, mla=models_mod.is_mla_config(configs.target),
+                                     version=release.version)
+    return dataclasses.replace(gate, words=words)
 
 
 @launch_mod.kernels_uncompiled
@@ -94,9 +83,9 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
           variants: bool = False, advise: bool = True, plugin_on: bool | None = None) -> result.Report:
     """One launch on the installed release: sglang's verdict stock and with the plugin, the pools, the RAM.
 
-    ``advise``: where the launch does not pass, judge the changes that could make it (another attention backend
-    the pass map shows running it, the plugin on, --dcp-size 1, a --hicache-size that fits) and name the first
-    that passes. ``plugin_on``: judge as if the plugin were on (or off), whatever the environment says."""
+    ``advise``: where the launch does not pass, judge the changes that could make it (:mod:`advice`) and name
+    the first that passes. ``plugin_on``: judge as if the plugin were on (or off), whatever the environment
+    says."""
     from ..plugin import switch
 
     paths = configs.paths
@@ -106,50 +95,70 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     stock = resolve(release, argv, node, paths, hooked=False)
     fixed = resolve(release, argv, node, paths, hooked=True)
     as_run = fixed if state.enabled else stock
+    # What the plugin's hooks would run where its own check refuses the launch: the backend it picks under DCP,
+    # the KV dtype as resolved. Its refusal is decided on those facts, so they are judged here too.
+    unchecked = None
+    if state.enabled and not fixed.passed:
+        with hooks_mod.without_pass_check():
+            unchecked = resolve(release, argv, node, paths, hooked=True)
+        unchecked = unchecked if unchecked.passed else None
     # Bad input first: numbers no node could hold, or a config sglang cannot size, read off the resolution that
     # got through (stock's, where the plugin refused), are exit 2 whatever the verdict. A refused launch is then
     # sized as it would run if the refusing side admitted it.
-    other = as_run if as_run.passed else fixed if fixed.passed else stock if stock.passed else None
-    if other is None and state.enabled:
-        # Refused both ways, the plugin's pass check among the refusals: what it would pin without that check
-        # (with the plugin's hooks, but not its argument-time pass check), where sglang admits it then.
-        with hooks_mod.without_pass_check():
-            unchecked = resolve(release, argv, node, paths, hooked=True)
-        other = unchecked if unchecked.passed else None
-    runs = resolution.runs(as_run.launch or _refused_by_plugin(release, argv, node, paths, state, stock, fixed)
-                           or (other.launch if other is not None else None), given)
-    judged = judge_passes(release, runs, configs, plugin_on=state.enabled)
-    stock_judged = (judge_passes(release, resolution.runs(stock.launch, given), configs, plugin_on=False)
+    other = (as_run if as_run.passed else fixed if fixed.passed else stock if stock.passed and unchecked is None
+             else unchecked)
+    runs = resolution.runs(other.launch if other is not None else None, given)
+    judged = judge_passes(release, runs, configs, plugin_on=state.enabled, node=node)
+    stock_judged = (judge_passes(release, resolution.runs(stock.launch, given), configs, plugin_on=False, node=node)
                     if stock.passed else None)
-    backends = resolution.backends(runs, node, picked_by=resolution.picked_by(stock, fixed, state.enabled, runs))
+    hooked = fixed if fixed.passed else unchecked or fixed
+    backends = resolution.backends(runs, node, picked_by=resolution.picked_by(stock, hooked, state.enabled, runs))
     rel = result.Release(release.version, type(release).__module__.rsplit(".", 1)[1], release.first,
                          tuple(release.changes), tuple(applied_series()))
     sizing = la = None
     if other is not None:
         la = other.launch
         inputs.check_resolved(la, node)
-        models = read_models(release, la, node, paths) if la.enable_hierarchical_cache else None
+        if la.enable_hierarchical_cache:
+            models = read_models(release, la, node, paths)
+        else:
+            # No pools to size, but a geometry no model has is bad input all the same.
+            read_models(release, la, node, paths, reader=models_mod.geometry)
+            models = None
         sizing = size_pools(release, la, models, node, device_rows, plugin_on=state.enabled,
                             stock_la=stock.launch if stock.passed else la, variants=variants,
                             stock_passed=stock.passed)
-    elif device_rows is not None:
+    if device_rows is not None and (la is None or not la.enable_hierarchical_cache):
         check_device_rows(configs, node, device_rows)
     # What the plugin's hooks decided on this launch, before the advice judges others with the same adapter.
     plugin = result.Plugin(state.enabled, state.reason, release.decisions())
+    stock_runs = resolution.runs(stock.launch, given) if stock.passed else runs
     facts = verdict_mod.Facts(
-        release=rel, node=node, plugin_on=state.enabled, stock_passed=stock.passed, stock_message=stock.message,
-        plugin_passed=fixed.passed, plugin_message=fixed.message, judged=judged, sizing=sizing,
-        admitted=as_run.passed, stock_judged=stock_judged, backend=backends.decode,
+        release=rel, node=node, plugin_on=state.enabled, stock_passed=stock.passed, plugin_passed=fixed.passed,
+        judged=judged, refused=_refused(release, as_run, stock, state, runs, configs, given, node,
+                                        checked=unchecked is not None),
+        stock_refused=_refused(release, stock, stock, switch.PluginState(False, ""), stock_runs, configs, given,
+                               node, checked=False),
+        sizing=sizing, admitted=as_run.passed, stock_judged=stock_judged, backend=backends.decode,
         backend_picked=backends.picked_by, warnings=tuple(as_run.warnings))
-    code, stop = outcome(as_run.passed, judged, sizing)
-    advice = (resolution.advise(judge, release, argv, node, device_rows, configs, code=code, launch=runs,
-                                plugin_on=state.enabled, sizing=sizing, refused_kv=judged.refused_kv)
-              if advise and code != verdict_mod.PASSES else None)
+
+    def search(code: int):
+        working = passes_mod.working_backends(
+            release.version, runs.algorithm, dcp=runs.dcp, own_layer=runs.own_layer,
+            capability_major=node.capability[0], hicache=runs.hicache,
+            verify_fix=hooks_mod.verify_fix(plugin_on=state.enabled) if runs.algorithm else None,
+            draft_mla=not runs.own_layer and models_mod.is_mla_config(configs.draft)) if runs.dcp > 1 else ()
+        changes = advice_mod.candidates(facts, runs, code=code, working=working,
+                                        plugin_installed=switch.entry_point_installed())
+        return advice_mod.search(judge, release, argv, node, device_rows, configs, changes,
+                                 plugin_on=state.enabled, code=code)
+
+    verdict = verdict_mod.decide(facts, search if advise else None)
     return result.Report(
         release=rel, launch=tuple(argv), node=node, plugin=plugin,
         stock=result.Outcome(stock.passed, stock.message), with_plugin=result.Outcome(fixed.passed, fixed.message),
         sglang_warnings=tuple(as_run.warnings),
-        attention_backends=backends, passes=judged, verdict=verdict_mod.of(code, facts, stop, advice),
+        attention_backends=backends, passes=judged, verdict=verdict,
         resolved=la.fields() if la is not None else None, sizing=sizing)
 
 

@@ -84,3 +84,17 @@ def judge(built, *, ranks_per_node: int, available: int, available_from: str, re
 
 def gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
+
+
+def stop_sentence(stop, *, estimated: bool) -> str:
+    """One stop at startup (a :class:`hostram.Stop`), in words."""
+    caveat = "; device rows are an upper-bound estimate, pass --device-rows for a firm verdict" if estimated else ""
+    if stop.kind == "pool-build":
+        return f"startup stops while the host pools are built: {stop.error}{caveat}"
+    if stop.kind == "coverage":
+        return (f"the draft host pool covers {stop.coverage:.3f} of the target's logical slots (the capacity guard stops "
+                "startup; without it L1 eviction writes past the draft buffer)")
+    if stop.kind == "ram":
+        return (f"host pools need {gib(stop.needed)} per node, more than the {gib(stop.left)} left after sglang's "
+                f"reserve (sglang's host-memory check refuses them){caveat}")
+    raise ValueError(f"unknown stop {stop.kind!r}")

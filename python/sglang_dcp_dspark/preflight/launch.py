@@ -115,9 +115,10 @@ class Resolution:
     """sglang's verdict on the launch: the resolved launch, or its own refusal."""
 
     passed: bool
-    message: str | None = None
+    message: str | None = None  # "Type: text", as the report shows it
     launch: Launch | None = None
     warnings: list[str] = field(default_factory=list)
+    text: str = ""  # the refusal's own words, without its exception type
 
 
 def default_node_answers(node: Node) -> dict:

@@ -162,6 +162,20 @@ def read(release, la) -> Models:
                   dsa_index_head_dim=int(index_dim) if index_dim else None, target_architecture=_architecture(target_mc))
 
 
+def geometry(release, la) -> None:
+    """The target's and the draft's KV numbers, checked as :func:`read` checks them (one exit-2 line for a layer
+    count or a width no model has), for a launch without HiCache: nothing is sized, so a dense target passes."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    attn_tp = release.attention_tp_size(la)
+    target_mc = ModelConfig.from_server_args(la.record, model_path=la.model_path)
+    kv_of(release, la, target_mc, draft=False, attn_tp_size=attn_tp, role="target", path=la.model_path)
+    path = draft_path_of(la)
+    if path is not None and path != la.model_path:
+        draft_mc = ModelConfig.from_server_args(la.record, model_path=path, is_draft_model=True)
+        kv_of(release, la, draft_mc, draft=True, attn_tp_size=attn_tp, role="draft", path=path)
+
+
 def kv_fields(kv) -> dict | None:
     """A KV geometry as the report shows it (with its kind)."""
     return None if kv is None else {"kind": kv.kind, **vars(kv)}

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 
 from .hostram import gib
 from .result import NoPools, Report
 
 # The chart's setups, in legend order; docs/preflight.md ("Sweeps") says what each one is.
 SETUPS = ("stock", "0.5.18+", "budgeted", "sharded")
+# The report's width: a terminal's 100 columns; a longer line wraps at a word boundary under its own column.
+WIDTH = 100
 # Text chunk of the chart's PNG that carries the figures it was drawn from (the docs' freshness test reads it).
 PNG_DATA_KEY = "sglang-dcp-dspark sweep"
 
@@ -22,7 +25,7 @@ PNG_DATA_KEY = "sglang-dcp-dspark sweep"
 def _judged_by(report) -> str:
     rel = report.release
     applied = f" with {', '.join('patches/' + s for s in rel.series_applied)} applied" if rel.series_applied else ""
-    return f"sglang {rel.sglang}{applied} (its own resolution and pool builders; adapter {rel.adapter}: since {rel.family_since})"
+    return f"sglang {rel.sglang}{applied}'s resolution and pool builders (adapter {rel.adapter}, from {rel.family_since})"
 
 
 def render(report) -> str:
@@ -53,7 +56,22 @@ def render(report) -> str:
     out.append("")
     out.append(report.verdict.line)
     out.extend(report.verdict.block())
-    return "\n".join(line.rstrip() for line in out)
+    return "\n".join(fit(out))
+
+
+def fit(lines, width: int = WIDTH) -> list[str]:
+    """Each line within ``width`` columns: a longer one wraps at word boundaries, its continuation under the
+    column its text starts in (after the label), so that nothing is cut."""
+    out = []
+    for line in (ln.rstrip() for ln in lines):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        column = re.match(r" *\S+(?: \S+)*? {2,}", line)
+        indent = column.end() if column and column.end() <= 40 else len(line) - len(line.lstrip()) + 4
+        out += textwrap.wrap(line, width=width, subsequent_indent=" " * indent, break_on_hyphens=False,
+                             break_long_words=True)
+    return out
 
 
 def _render_passes(judged) -> list[str]:
@@ -188,13 +206,14 @@ def render_sweep(result) -> str:
         out += [f"  {value:<14} {verdict.line.removeprefix('verdict: ')}" for value, verdict in why]
         out += ["", "  (preflight without --sweep, on one value, prints the reasons in full)"]
     if any(r.variants for r in result.rows):
-        out += ["", f"  pinned host memory per node by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
+        out += ["", f"  pinned host memory per node, GiB, by setup ({', '.join(SETUPS)}; see docs/preflight.md):"]
         for row in result.rows:
-            cells = [f"{name} {gib(v.per_node) if v.per_node is not None else '-'}" for name, v in row.variants.items()]
+            cells = [f"{name} {f'{v.per_node / 2**30:,.2f}' if v.per_node is not None else '-'}"
+                     for name, v in row.variants.items()]
             out.append(f"  {row.value:<14} " + ("; ".join(cells) or f"- ({row.report.verdict.outcome}, see why)"))
     if result.plot:
         out += ["", f"  chart: {result.plot}"]
-    return "\n".join(line.rstrip() for line in out)
+    return "\n".join(fit(out))
 
 
 def chart_data(result) -> dict:

@@ -16,7 +16,6 @@ from ..plugin import hooks as hooks_mod
 from . import launch as launch_mod
 from . import models as models_mod
 from . import result
-from . import verdict as verdict_mod
 from .inputs import Configs
 from .launch import Launch, Node, Resolution
 
@@ -38,7 +37,7 @@ def resolve(release, argv: list[str], node: Node, paths: dict[str, str], *, hook
             if bad is not None:
                 raise bad from None
             text = " ".join(str(exc).split()) or type(exc).__name__
-            return Resolution(False, f"{type(exc).__name__}: {text}", None, log.lines)
+            return Resolution(False, f"{type(exc).__name__}: {text}", None, log.lines, text)
         return Resolution(True, None, release.launch(args), log.lines)
 
 
@@ -52,11 +51,12 @@ def plugin_state(environ=None):
     return state
 
 
-def read_models(release, la, node: Node, paths: dict[str, str]):
-    """Each model's KV as the release's ModelConfig reads it; a config it cannot load is one exit-2 line."""
+def read_models(release, la, node: Node, paths: dict[str, str], *, reader=models_mod.read):
+    """Each model's KV as the release's ModelConfig reads it (``reader``: :func:`models.read`, or
+    :func:`models.geometry` for the numbers alone); a config it cannot load is one exit-2 line."""
     with launch_mod.quiet_sglang(), launch_mod.emulated_node(node):
         try:
-            return models_mod.read(release, la)
+            return reader(release, la)
         except DcpDsparkError:
             raise
         except Exception as exc:  # transformers' and sglang's config loading raise many types
@@ -156,7 +156,8 @@ def backends(launch: Runs, node: Node, *, picked_by: str = "") -> result.Backend
                            picked)
 
 
-def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = False) -> passes_mod.Judgement:
+def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = False,
+                 node: Node | None = None) -> passes_mod.Judgement:
     """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
     a plain launch's EXTEND and DECODE.
 
@@ -165,21 +166,24 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
     and model, model hooks included) unless the launch names one; where every
     resolution refused, the one the arguments name, so a rejection still names
     the pass that would break (a launch that names no backend is then judged on
-    every target backend the map ran). A flashinfer MLA target's verify is
+    every target backend the map ran that runs on the ``node``). A flashinfer MLA target's verify is
     judged as the launch runs it: planned split where the tree carries
     upstream-next 0012 or the plugin is on and its hooks apply to this release; on a quantized KV pool no pass
     under DCP is checked, and the carriers refuse it (``passes.kv_cache_refusal``, the plugin's own decision):
     the judgement is unmapped and names the pool (``refused_kv``).
     """
     mla = models_mod.is_mla_config(configs.target)
+    capability = node.capability[0] if node is not None else None
     if not launch.algorithm:
         if launch.dcp > 1 and not mla:
             return passes_mod.Judgement(passes_mod.release_key(release.version), passes_mod.PLAIN, launch.dcp, False,
-                                        why_unmapped="the map's targets are MLA models; a dense target under DCP is "
-                                                     "not mapped")
-        return passes_mod.judge_plain(release.version, dcp=launch.dcp, target_backend=launch.decode)
-    verify_fix = (hooks_mod.verify_fix(plugin_on=plugin_on) if launch.decode == "flashinfer" and mla and launch.dcp > 1
-                  else None)
+                                        why_unmapped="preflight checks MLA targets under DCP, and this "
+                                                     "one is dense")
+        return passes_mod.judge_plain(release.version, dcp=launch.dcp, target_backend=launch.decode,
+                                      capability_major=capability)
+    # Where nothing resolved, every backend is judged: the fix counts on its flashinfer cases alone.
+    verify_fix = (hooks_mod.verify_fix(plugin_on=plugin_on)
+                  if launch.decode in (None, "flashinfer") and mla and launch.dcp > 1 else None)
     if passes_mod.kv_cache_refusal(dcp=launch.dcp, algorithm=launch.algorithm, kv_cache_dtype=launch.kv_cache_dtype,
                                    target_backend=launch.decode, mla=mla, verify_fix=verify_fix) is not None:
         return passes_mod.Judgement(passes_mod.release_key(release.version), str(launch.algorithm).upper(), launch.dcp,
@@ -189,93 +193,23 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
         release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, target_mla=mla,
         target_backend=launch.decode, draft_backend=launch.draft_backend_flag, hicache=launch.hicache,
         verify_fix=verify_fix, draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft),
+        capability_major=capability,
     )
 
 
-# ---------------------------------------------------------------- the advice
+# ---------------------------------------------------------------- the refusal, as facts
 
 
-# The attention-backend options a launch names; an advised backend replaces them all.
-BACKEND_OPTIONS = ("--attention-backend", "--decode-attention-backend", "--prefill-attention-backend")
-
-
-def without(argv: list[str], names: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """``argv`` less the options ``names`` (with their values), and what was taken out."""
-    out, removed, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in names and i + 1 < len(argv):
-            removed += argv[i: i + 2]
-            i += 2
-            continue
-        if any(arg.startswith(n + "=") for n in names):
-            removed.append(arg)
-            i += 1
-            continue
-        out.append(arg)
-        i += 1
-    return out, removed
-
-
-def advise(judge, release, argv: list[str], node: Node, device_rows: int | None, configs: Configs, *, code: int,
-           launch: Runs, plugin_on: bool, sizing, refused_kv: str = "") -> verdict_mod.Advice | None:
-    """The first change that makes the launch pass on this node and release, judged by preflight itself (``judge``:
-    :func:`check.judge`); None where none does. Tried in order: an attention backend the pass map shows running it
-    (not the one it runs), the plugin on, a chain for a draft tree, the model's own KV dtype for a quantized pool
-    the split verify is not proven on (``refused_kv``: the judgement's), --dcp-size 1 (where the launch is refused
-    or broken), a --hicache-size the node holds."""
-    from ..plugin import switch
-
-    dcp = launch.dcp
-    tries: list[tuple[list[str], tuple, tuple, tuple, bool]] = []  # (argv, add, remove, env, plugin on)
-    if dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS, verdict_mod.UNCHECKED, verdict_mod.STOPS):
-        good = passes_mod.working_backends(
-            release.version, launch.algorithm, dcp=dcp, own_layer=launch.own_layer,
-            capability_major=node.capability[0], hicache=launch.hicache,
-            verify_fix=hooks_mod.verify_fix(plugin_on=plugin_on) if launch.algorithm else None,
-            draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft))
-        for other in good:
-            if other == launch.decode:
-                continue
-            rest, removed = without(argv, BACKEND_OPTIONS)
-            tries.append(([*rest, "--attention-backend", other], ("--attention-backend", other), tuple(removed), (),
-                          plugin_on))
-    if not plugin_on and switch.entry_point_installed() and code != verdict_mod.UNCHECKED:
-        tries.append((list(argv), (), (), (switch.TURN_ON,), True))
-    if dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS) and launch.eagle_topk > 1:
-        # A draft tree under DCP: the split verify plans a chain, so a chain of the same depth keeps DCP (sglang
-        # sets a chain's draft tokens to its steps + 1 itself; the advised launch is judged as sglang resolves it).
-        chain = ("--speculative-eagle-topk", "1")
-        rest, removed = without(argv, chain[:1])
-        tries.append(([*rest, *chain], chain, tuple(removed), (), plugin_on))
-    if dcp > 1 and refused_kv and code in (verdict_mod.REJECTED, verdict_mod.UNCHECKED):
-        # A quantized KV pool under the split verify: the model's own dtype keeps DCP and the draft.
-        auto = ("--kv-cache-dtype", "auto")
-        rest, removed = without(argv, auto[:1])
-        tries.append(([*rest, *auto], auto, tuple(removed), (), plugin_on))
-    stops_in_pools = isinstance(sizing, result.Sizing) and sizing.startup_stops
-    if (dcp > 1 and code in (verdict_mod.REJECTED, verdict_mod.BROKEN_PASS, verdict_mod.STOPS)
-            and not (code == verdict_mod.STOPS and stops_in_pools)):
-        rest, removed = without(argv, ("--dcp-size",))
-        tries.append(([*rest, "--dcp-size", "1"], ("--dcp-size", "1"), tuple(removed), (), plugin_on))
-    ram = sizing.host_ram if isinstance(sizing, result.Sizing) else None
-    if code == verdict_mod.STOPS and ram is not None and any(s.kind == "ram" for s in ram.stops) and ram.ranks_per_node:
-        per_rank_gb = int((ram.available - ram.reserve) / ram.ranks_per_node / 1e9 * 0.9)
-        if per_rank_gb >= 1:
-            rest, removed = without(argv, ("--hicache-size",))
-            tries.append(([*rest, "--hicache-size", str(per_rank_gb)], ("--hicache-size", str(per_rank_gb)),
-                          tuple(removed), (), plugin_on))
-    fallback = None
-    for advised, add, remove, env, on in tries:
-        if fallback is not None and add[:1] != ("--attention-backend",):
-            return fallback  # a backend that runs it, unchecked, before the plugin or --dcp-size 1
-        try:
-            report = judge(release, advised, node, device_rows, configs, advise=False, plugin_on=on)
-        except DcpDsparkError:
-            continue
-        got = verdict_mod.Advice(add, remove, env, report.verdict.code, report.verdict.line, report.verdict.evidence)
-        if got.code == verdict_mod.PASSES:
-            return got
-        if got.code == verdict_mod.UNCHECKED and fallback is None and code != verdict_mod.UNCHECKED:
-            fallback = got
-    return fallback
+def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool) -> passes_mod.Refusal | None:
+    """The argument check's refusal of what the launch runs (the plugin's, or the series' on a tree that carries
+    0008), decided from the same facts the check decides it from; None where it admits the launch."""
+    mla = models_mod.is_mla_config(configs.target)
+    if not launch.algorithm:
+        return passes_mod.plain_refusal_of(release.version, dcp=launch.dcp, mla=mla, target_backend=launch.decode)
+    draft_mla = not launch.own_layer and models_mod.is_mla_config(configs.draft)
+    fix = hooks_mod.verify_fix(plugin_on=plugin_on) if mla else None
+    return passes_mod.refusal_of(
+        release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, mla=mla,
+        target_backend=launch.decode, draft_backend=launch.draft_backend_flag, draft_mla=draft_mla,
+        verify_fix=fix if launch.decode == "flashinfer" else None, topk=launch.eagle_topk, flashinfer_fix=fix,
+        kv_cache_dtype=launch.kv_cache_dtype)

@@ -9,12 +9,130 @@ that form.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, fields
 
+from ..core.exits import OUTCOMES
 from ..passes import Judgement
 from .hostram import HostRam
 from .launch import Node
-from .verdict import Verdict
+
+PREFIX = "verdict: "  # the verdict line's first word: what an operator (and a script) looks for
+BLOCK_WIDTH = 100  # each line beneath the verdict line
+LABEL = 10  # the block's label column
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change to the launch: options set (with their values), options dropped, the plugin switched on.
+
+    ``words``: the change as an operator reads it ("drop --enable-hierarchical-cache")."""
+
+    words: str
+    add: tuple[str, ...] = ()  # options with their values, set (replacing any old value)
+    drop: tuple[str, ...] = ()  # option names dropped with their values
+    drop_flags: tuple[str, ...] = ()  # options without a value, dropped
+    drop_prefix: str = ""  # every option that starts with this, dropped with its value (--speculative-)
+    plugin_on: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Who refuses the launch at argument time, and what, as facts (never read back out of the message).
+
+    ``what`` is in an operator's words, short enough for the verdict line; ``message`` the refusal whole;
+    ``backend`` the attention backend it turns on; ``fixes`` the changes the refusal itself names, tried first;
+    ``todo`` a fix preflight cannot judge (a path only the operator knows, the names to choose from)."""
+
+    who: str
+    what: str
+    message: str
+    backend: str | None = None
+    fixes: tuple[Change, ...] = ()
+    todo: str = ""
+    words: str = ""  # the refusal's own sentence where it is one short sentence (no exception type): quoted whole
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A change preflight judged itself on the same node and release, and the verdict it gave that launch."""
+
+    change: Change
+    removed: tuple[str, ...]  # the launch's own tokens the change takes out
+    code: int
+    line: str
+    reason: str
+    env: tuple[str, ...] = ()
+    evidence: str = ""  # what proves the changed launch's fixed passes (its verdict's evidence), if any
+
+    def as_dict(self) -> dict:
+        return {"change": self.change.words, "add": list(self.change.add), "remove": list(self.removed),
+                "env": list(self.env), "verdict": self.code, "line": self.line, "evidence": self.evidence or None,
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What preflight says of a launch: the line, then each entry of the block beneath it."""
+
+    code: int
+    reason: str
+    host: str = ""
+    advice: Advice | None = None
+    why: tuple[str, ...] = ()
+    message: str = ""
+    checked: str = ""
+    unchecked: str = ""
+    evidence: str = ""
+    todo: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+
+    @property
+    def outcome(self) -> str:
+        return OUTCOMES.get(self.code, "ERROR")
+
+    @property
+    def line(self) -> str:
+        return f"{PREFIX}{self.outcome} (exit {self.code}): {self.reason}"
+
+    @property
+    def change(self) -> str:
+        """The entry beneath the line: the change that works and the verdict preflight gave that launch."""
+        if self.advice is None:
+            return ""
+        a = self.advice
+        return f"{a.change.words}: {OUTCOMES.get(a.code, 'ERROR')} (exit {a.code}), {a.reason}"
+
+    @property
+    def detail(self) -> str:
+        """The whole reason in one string (``--json``'s ``detail``)."""
+        return "; ".join(self.why) if self.why else self.reason
+
+    def entries(self) -> list[tuple[str, str]]:
+        return [("change", self.change), ("host", self.host), *(("why", w) for w in self.why),
+                ("message", self.message), ("checked", self.checked), ("unchecked", self.unchecked),
+                ("evidence", self.evidence), *(("to do", t) for t in self.todo),
+                *(("details", d) for d in self.details)]
+
+    def block(self, width: int = BLOCK_WIDTH) -> list[str]:
+        """The lines beneath the verdict line, read in order, each wrapped at a word boundary within ``width``."""
+        out, last = [], None
+        for label, text in self.entries():
+            if not text:
+                continue
+            head = f"  {label if label != last else '':<{LABEL}}"
+            out += textwrap.wrap(" ".join(text.split()), width=width, initial_indent=head,
+                                 subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=True)
+            last = label
+        return out
+
+    def as_dict(self) -> dict:
+        return {"code": self.code, "outcome": self.outcome, "line": self.line, "detail": self.detail,
+                "reason": self.reason, "host": self.host or None, "why": list(self.why), "checked": self.checked or None,
+                "unchecked": self.unchecked or None, "evidence": self.evidence or None, "todo": list(self.todo),
+                "advice": None if self.advice is None else self.advice.as_dict(), "change": self.change or None,
+                "message": self.message or None, "details": list(self.details)}
+
 
 
 @dataclass(frozen=True)
@@ -157,7 +275,7 @@ class Sizing:
     @property
     def startup_stops(self) -> tuple[str, ...]:
         """Why startup stops in the host pools, in the verdict's words (empty: it does not)."""
-        from .verdict import stop_sentence
+        from .hostram import stop_sentence
 
         return tuple(stop_sentence(s, estimated=self.device_rows_estimated) for s in self.host_ram.stops)
 
