@@ -92,6 +92,9 @@ def test_the_plugins_check_is_read_as_it_decided():
         Change("drop --speculative-draft-attention-backend triton", drop=("--speculative-draft-attention-backend",)),)
     # the line each carrier raises is the facts' line
     assert passes.refusal("0.5.23", "EAGLE3", topk=4, **facts) == tree.line
+    # sglang renames NEXTN to EAGLE before the check sees it: the words keep the name the launch gave
+    own = passes.refusal_of("0.5.23", "EAGLE", launched="NEXTN", **{**facts, "own_layer": True})
+    assert own.what == "NEXTN's MTP-layer draft on flashinfer under DCP" and "EAGLE" in own.line
 
 
 class _Runs:

@@ -649,7 +649,7 @@ def refusal(version: str, algorithm: str | None, **facts) -> str | None:
 def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, mla: bool,
                target_backend: str | None, draft_backend: str | None, verify_fix: str | None = None,
                topk: int = 1, flashinfer_fix: str | None = None, draft_mla: bool = False,
-               kv_cache_dtype: str | None = None) -> Refusal | None:
+               kv_cache_dtype: str | None = None, launched: str | None = None) -> Refusal | None:
     """The refusal of a launch by the argument check, or None: the map shows no broken pass for it.
 
     Only what the map ran is refused: a target backend it did not run is
@@ -658,15 +658,17 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
     MLA verify split for this launch, so that a refusal on fa3 names flashinfer
     where flashinfer runs it (0013's words). First of all, a split verify on a
     quantized KV pool (``kv_cache_dtype``, :func:`kv_cache_refusal`): preflight
-    names that refusal from the same facts.
+    names that refusal from the same facts. ``launched``: the algorithm as the
+    launch names it (NEXTN, which sglang renames EAGLE), for ``what`` alone.
     """
     name = (algorithm or "").upper()
     if dcp <= 1 or not name:
         return None
+    shown = (launched or name).upper()
     kv = kv_cache_refusal(dcp=dcp, algorithm=name, kv_cache_dtype=kv_cache_dtype, target_backend=target_backend,
                           mla=mla, verify_fix=verify_fix)
     if kv is not None:
-        return Refusal(kv, f"{name}'s {kv_cache_dtype} KV on {target_backend} under DCP", target_backend, "--kv-cache-dtype",
+        return Refusal(kv, f"{shown}'s {kv_cache_dtype} KV on {target_backend} under DCP", target_backend, "--kv-cache-dtype",
                        str(kv_cache_dtype), ("--kv-cache-dtype", "auto"))
     # The reads after a load-back count whether or not this launch has HiCache: a row a wrong write hits depends
     # on the loc layout, and the load-back is one more layout.
@@ -677,7 +679,7 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
     if draft_side:
         line = (TRITON_DRAFT.format(dcp=dcp) if name == "DSPARK" and draft_backend == "triton" else
                 f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: {draft_side[0].line()}.")
-        return Refusal(line, f"{name}'s draft on {draft_backend} under DCP", None,
+        return Refusal(line, f"{shown}'s draft on {draft_backend} under DCP", None,
                        "--speculative-draft-attention-backend", draft_backend, ())
     if target_backend is None:
         return None
@@ -685,10 +687,10 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows), then a tree.
         if own_layer:
             return Refusal(NEXTN_DRAFT.format(dcp=dcp, algorithm=name),
-                           f"{name}'s MTP-layer draft on flashinfer under DCP", target_backend)
+                           f"{shown}'s MTP-layer draft on flashinfer under DCP", target_backend)
         if nextn_draft:
             return Refusal(NEXTN_MLA_DRAFT.format(dcp=dcp, algorithm=name),
-                           f"{name}'s MLA draft on flashinfer under DCP", target_backend)
+                           f"{shown}'s MLA draft on flashinfer under DCP", target_backend)
         if topk > 1:
             return Refusal(TOPK_TREE.format(dcp=dcp, topk=topk), f"a draft tree (topk {topk}) on flashinfer under DCP",
                            target_backend, "--speculative-eagle-topk", str(topk), ("--speculative-eagle-topk", "1"))
@@ -700,7 +702,7 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         # The release's own backend factory refuses it at startup; the check leaves it there, as the series' 0008
         # does (preflight still names it a broken pass).
         return None
-    what = f"{name} on {target_backend} under DCP"
+    what = f"{shown} on {target_backend} under DCP"
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
         runs = flashinfer_fix is not None and (name == "DSPARK" or not nextn_draft)
         return Refusal((FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name), what, target_backend)

@@ -68,7 +68,7 @@ def _refused(release, res, stock, state, runs, configs, given, node, *, checked:
     words = text if "." not in text and ":" not in text else ""
     who = "the plugin" if hooked and stock.passed else f"sglang {release.version}"
     gate = refusals.input_gate(who, message, given, node=node)
-    found = (resolution.refusal(release, runs, configs, plugin_on=state.enabled)
+    found = (resolution.refusal(release, runs, configs, plugin_on=state.enabled, launched=given.speculative_algorithm)
              if gate is None and ((hooked and checked) or applied) else None)
     if gate is None and found is not None:
         gate = refusals.of_check("the plugin" if hooked and checked else applied[-1], message, found)

@@ -200,9 +200,11 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
 # ---------------------------------------------------------------- the refusal, as facts
 
 
-def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool) -> passes_mod.Refusal | None:
+def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool,
+            launched: str | None = None) -> passes_mod.Refusal | None:
     """The argument check's refusal of what the launch runs (the plugin's, or the series' on a tree that carries
-    0008), decided from the same facts the check decides it from; None where it admits the launch."""
+    0008), decided from the same facts the check decides it from; None where it admits the launch. ``launched``:
+    the algorithm as the launch names it, for the refusal's words."""
     mla = models_mod.is_mla_config(configs.target)
     if not launch.algorithm:
         return passes_mod.plain_refusal_of(release.version, dcp=launch.dcp, mla=mla, target_backend=launch.decode)
@@ -212,4 +214,4 @@ def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool) -> pass
         release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, mla=mla,
         target_backend=launch.decode, draft_backend=launch.draft_backend_flag, draft_mla=draft_mla,
         verify_fix=fix if launch.decode == "flashinfer" else None, topk=launch.eagle_topk, flashinfer_fix=fix,
-        kv_cache_dtype=launch.kv_cache_dtype)
+        kv_cache_dtype=launch.kv_cache_dtype, launched=launched)
