@@ -100,3 +100,15 @@ def test_a_sweep_keeps_its_rows_typed_and_its_worst_verdict():
     out = swept.as_dict()
     assert list(out) == ["sweep", "flag", "release", "launch", "rows", "verdict"]
     assert list(out["rows"][0]) == ["value", "report", "variants"]
+
+
+def test_a_judgement_reports_what_the_plugins_hooks_decided_on_it_alone():
+    """One adapter judges many launches (a sweep, the advice): each judgement keeps its own record, so a launch
+    without HiCache judged after one that builds the host pools reports none of the pool hooks' decisions."""
+    node = check.default_node()
+    release, argv, configs = check.prepare([], node, 1024)
+    first = check.judge(release, argv, node, 1024, configs, advise=False)
+    plain = check.judge(release, ["--model-path", MODEL, "--tp", "8"], node, 1024, configs, advise=False)
+    pools = {t for t in first.plugin.hooks if "init_memory_pools" in t or "maybe_register_hicache_draft" in t}
+    assert pools, first.plugin.hooks  # the first judgement did decide them
+    assert not pools & set(plain.plugin.hooks), plain.plugin.hooks

@@ -89,6 +89,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
     from ..plugin import switch
 
     paths = configs.paths
+    decided = release.record()
     given = inputs.parse_launch(argv)
     state = resolution.plugin_state() if plugin_on is None else switch.PluginState(
         plugin_on, "as advised: with the plugin on" if plugin_on else "as advised: with the plugin off")
@@ -130,8 +131,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
                             stock_passed=stock.passed)
     if device_rows is not None and (la is None or not la.enable_hierarchical_cache):
         check_device_rows(configs, node, device_rows)
-    # What the plugin's hooks decided on this launch, before the advice judges others with the same adapter.
-    plugin = result.Plugin(state.enabled, state.reason, release.decisions())
+    plugin = result.Plugin(state.enabled, state.reason, release.decisions(decided))
     stock_runs = resolution.runs(stock.launch, given) if stock.passed else runs
     facts = verdict_mod.Facts(
         release=rel, node=node, plugin_on=state.enabled, stock_passed=stock.passed, plugin_passed=fixed.passed,

@@ -100,9 +100,16 @@ class Release:
         self.version = version or "unknown"
         self.findings: dict = {}  # the plugin's verdict on each hook target it judged while this adapter worked
 
-    def decisions(self) -> dict[str, str]:
-        """What the plugin's hooks decided on this release, target by target."""
-        return {target: f"{f.verdict.name}: {f.detail}" for target, f in self.findings.items()}
+    def record(self) -> dict:
+        """A fresh record of what the plugin's hooks decide, for one judgement: what they decide from here on is
+        written there, and a judgement reads its own record, not what an earlier one left."""
+        self.findings = {}
+        return self.findings
+
+    @staticmethod
+    def decisions(found: dict) -> dict[str, str]:
+        """What the plugin's hooks decided (a :meth:`record`), target by target."""
+        return {target: f"{f.verdict.name}: {f.detail}" for target, f in found.items()}
 
     @property
     def name(self) -> str:
