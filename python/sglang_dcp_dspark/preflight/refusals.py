@@ -1,12 +1,13 @@
-"""Who refuses a launch at argument time, and what, as facts (:class:`verdict.Refusal`): never read out of the
+"""Who refuses a launch at argument time, and what, as facts (:class:`result.Refusal`): never read out of the
 refusal's words.
 
 Two sources. The plugin's check and the series' (upstream-next 0008, 0013) decide from the launch's facts
-(:func:`passes.refusal_of`), so the same facts are asked here. sglang's own gates under DCP are matched by the
-launch's facts too (:func:`sglang_gate`): an algorithm sglang does not know or spells otherwise, a draft model
-the algorithm needs, a --dcp-size below 1, and HiCache under DCP with an L3 storage backend, a dense model or a
-draft other than DSPARK's. A gate is named only where sglang did refuse the launch; a refusal no fact explains
-is quoted whole, and its line says so.
+(:func:`passes.refusal_of`), so the same facts are asked here (:func:`of_check`). sglang's own gates are
+matched by the launch's facts too: :func:`input_gate` (a backend the node's GPUs cannot run, an algorithm
+sglang does not know or spells otherwise, a draft model the algorithm needs, a --dcp-size below 1) and
+:func:`hicache_gate` (HiCache under DCP with an L3 storage backend, a dense model, or a draft other than
+DSPARK's). A gate is named only where sglang did refuse the launch; a refusal no fact explains is quoted
+whole, and its line says so.
 """
 
 from __future__ import annotations
