@@ -76,7 +76,7 @@ def _block(report: dict) -> str:
 def test_plain_dcp_on_hopper_runs_on_the_backend_the_plugin_picks():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *PLAIN)
     assert report["attention_backends"]["decode"] == "flashinfer", report["attention_backends"]
-    assert code == 0 and "every pass under DCP checked on flashinfer" in _line(report), _line(report)
+    assert code == 0 and "DCP passes checked on flashinfer, CPU only" in _line(report), _line(report)
     if TREE in SERIES_TREES:  # sglang's own default there (0015): nothing of the plugin's
         assert "sglang's choice on the NVIDIA H200" in report["attention_backends"]["from"]
     else:
@@ -110,7 +110,7 @@ def test_plain_dcp_on_hopper_without_the_plugin_is_a_broken_pass():
 
 def test_plain_dcp_on_flashinfer_passes_and_says_what_was_checked():
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--", *PLAIN, "--attention-backend", "flashinfer")
-    assert code == 0 and "every pass under DCP checked on flashinfer" in _line(report), _line(report)
+    assert code == 0 and "DCP passes checked on flashinfer, CPU only" in _line(report), _line(report)
     assert "each pass it runs on flashinfer reads the rows it wrote" in report["verdict"]["checked"]
     assert "consistent under DCP: EXTEND, DECODE_EAGER, DECODE_GRAPH" in report["verdict"]["details"]
 
@@ -153,7 +153,7 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
     assert "only supported on Blackwell" not in _line(report), _line(report)
     assert report["node"]["capability"] == [10, 0]
     assert code == 0, _line(report)  # it starts, and the map ran its passes against the kernel's contract
-    assert "every pass under DCP checked on cutedsl_mla" in _line(report), _line(report)
+    assert "DCP passes checked on cutedsl_mla" in _line(report), _line(report)
     assert report["verdict"]["advice"] is None  # never advised the backend it runs on
     # and on a Hopper node sglang refuses it, for that reason
     code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *DSPARK,
@@ -165,9 +165,9 @@ def test_a_blackwell_backend_on_an_emulated_blackwell_node_gets_sglangs_verdict(
 def test_the_embedded_default_gets_a_checked_verdict_naming_its_evidence():
     code, report, _ = preflight()
     assert report["node"]["gpu_name"] == "NVIDIA B200"
-    assert code == 0 and _line(report).startswith("verdict: PASSES (exit 0): every pass under DCP checked on "
+    assert code == 0 and _line(report).startswith("verdict: PASSES (exit 0): DCP passes checked on "
                                                   "cutedsl_mla"), _line(report)
-    assert "(on CPU)" in _line(report), _line(report)
+    assert "CPU only" in _line(report), _line(report)
     assert passes.KERNEL_EVIDENCE in report["verdict"]["evidence"]
     assert report["verdict"]["advice"] is None and not report["verdict"]["unchecked"], _line(report)
 
@@ -183,8 +183,8 @@ def test_a_plain_dcp_launch_on_a_b200_is_judged_on_trtllm_mlas_decode():
         assert any("page past the rank's cache" in p["detail"] for p in report["passes"]["passes"])
         assert _change(report).startswith("--attention-backend cutedsl_mla: PASSES (exit 0)"), _change(report)
     else:
-        assert code == 0 and "every pass under DCP checked on trtllm_mla" in _line(report), _line(report)
-        assert "(on CPU)" in _line(report), _line(report)
+        assert code == 0 and "DCP passes checked on trtllm_mla" in _line(report), _line(report)
+        assert "CPU only" in _line(report), _line(report)
     code, report, _ = preflight("--gpu-name", "NVIDIA B200", "--device-rows", "100000", "--", *PLAIN)
     if broken:  # the plugin's check refuses a pass the map shows broken, and names the backend that runs it
         assert code == 1 and "the plugin refuses DCP on trtllm_mla" in _line(report), _line(report)
@@ -208,7 +208,7 @@ def test_dspark_on_the_backend_a_b200_picks_stops_at_startup():
         # cutedsl_mla, checked against its kernel's contract, comes first (and flashinfer MLA where its verify is
         # planned split); either way the advised launch's evidence is named
         assert _change(report).startswith("--attention-backend cutedsl_mla: PASSES (exit 0)"), _change(report)
-        assert "(on CPU)" in _change(report), _change(report)
+        assert "CPU only" in _change(report), _change(report)
 
 
 def test_a_draft_tree_under_dcp_is_advised_the_chain_that_runs():

@@ -182,6 +182,8 @@ def findings(node: str, kind: str, backend: str | None, plugin: bool) -> list[st
             if name in "\n".join(block) and name not in argv:
                 found.append(f"the Blackwell-only {name} in a Hopper verdict")
     line = verdict["line"]
+    if code == 0 and not ("CPU only" in line or "checks passes only under DCP" in line):
+        found.append(f"a PASSES line that does not say what was not checked: {line}")
     at_startup = ("stops at startup", "as it starts", "as the server starts")
     if any(words in line for words in at_startup) and code != 3:
         found.append(f"exit 3's words under exit {code}")
@@ -228,7 +230,16 @@ def test_every_verdict_reads_as_an_operator_would_want(node):
     assert not bad, "\n".join(f"{k}: {v}" for k, v in bad.items())
 
 
-def test_a_contradiction_is_caught(monkeypatch):
+@pytest.fixture
+def fresh():
+    """A control judges its launches anew (a patched verdict must not be served from the matrix's cache), and
+    leaves nothing patched in the cache behind it."""
+    _judged.clear()
+    yield
+    _judged.clear()
+
+
+def test_a_contradiction_is_caught(monkeypatch, fresh):
     """Control: a verdict that advises the backend the launch already runs on is reported."""
     from sglang_dcp_dspark.preflight import verdict
 
@@ -241,14 +252,10 @@ def test_a_contradiction_is_caught(monkeypatch):
         return out
 
     monkeypatch.setattr(verdict.Verdict, "as_dict", advise_the_same)
-    _judged.clear()
-    try:
-        assert any("already runs on" in f for f in findings("NVIDIA H200", "plain", "flashinfer", True))
-    finally:
-        _judged.clear()
+    assert any("already runs on" in f for f in findings("NVIDIA H200", "plain", "flashinfer", True))
 
 
-def test_advice_that_takes_away_too_much_is_caught(monkeypatch):
+def test_advice_that_takes_away_too_much_is_caught(monkeypatch, fresh):
     """Control: where the search skips every change before --dcp-size 1, the matrix names the smaller one."""
     from sglang_dcp_dspark.preflight import advice
 
@@ -258,17 +265,13 @@ def test_advice_that_takes_away_too_much_is_caught(monkeypatch):
         return [c for c in real(*args, **kwargs) if c.add[:1] == ("--dcp-size",)]
 
     monkeypatch.setattr(advice, "candidates", only_dcp_1)
-    _judged.clear()
-    try:
-        # Plain DCP on fa3 on Hopper: flashinfer runs it on every release of the matrix, a smaller change.
-        found = findings("NVIDIA H200", "plain", "fa3", True)
-        assert any("takes away less than the advice (--dcp-size 1)" in f for f in found), found
-    finally:
-        _judged.clear()
+    # Plain DCP on fa3 on Hopper: flashinfer runs it on every release of the matrix, a smaller change.
+    found = findings("NVIDIA H200", "plain", "fa3", True)
+    assert any("takes away less than the advice (--dcp-size 1)" in f for f in found), found
 
 
-def test_a_cut_line_is_caught(monkeypatch):
-    """Control: a verdict whose message entry is cut to a few words, with "…", is reported."""
+def test_a_cut_line_is_caught(monkeypatch, fresh):
+    """Control: a verdict whose block ends in a line cut short, with "…", is reported."""
     from sglang_dcp_dspark.preflight import result
 
     real = result.Verdict.block
@@ -277,8 +280,14 @@ def test_a_cut_line_is_caught(monkeypatch):
         return [*real(self, width), "  to do     drop --enable-hier…"]
 
     monkeypatch.setattr(result.Verdict, "block", cut)
-    _judged.clear()
-    try:
-        assert any("cut short" in f for f in findings("NVIDIA H200", "plain", "flashinfer", True))
-    finally:
-        _judged.clear()
+    assert any("cut short" in f for f in findings("NVIDIA H200", "plain", "flashinfer", True))
+
+
+def test_a_passes_line_that_hides_what_was_not_checked_is_caught(monkeypatch, fresh):
+    """Control: a PASSES line stripped of what it did not check is reported."""
+    from sglang_dcp_dspark.preflight import result
+
+    real = result.Verdict.line
+
+    monkeypatch.setattr(result.Verdict, "line", property(lambda self: real.fget(self).replace(", CPU only", "")))
+    assert any("does not say what was not checked" in f for f in findings("NVIDIA H200", "plain", "flashinfer", True))
