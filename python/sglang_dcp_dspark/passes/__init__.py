@@ -158,13 +158,13 @@ class Judgement:
                 "passes": [vars(f) | {"consequence": f.consequence} for f in self.findings]}
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
 @functools.lru_cache(maxsize=4)
 def _releases(tables: Path) -> tuple[str, ...]:
-    return tuple(sorted((p.name[: -len(SUFFIX)] for p in tables.glob(f"*{SUFFIX}")), key=_version_key))
+    return tuple(sorted((p.name[: -len(SUFFIX)] for p in tables.glob(f"*{SUFFIX}")), key=version_key))
 
 
 def releases() -> tuple[str, ...]:

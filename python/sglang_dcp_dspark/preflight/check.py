@@ -147,7 +147,7 @@ def judge(release, argv: list[str], node: Node, device_rows: int | None, configs
             release.version, runs.algorithm, dcp=runs.dcp, own_layer=runs.own_layer,
             capability_major=node.capability[0], hicache=runs.hicache,
             verify_fix=hooks_mod.verify_fix(plugin_on=state.enabled) if runs.algorithm else None,
-            draft_mla=not runs.own_layer and models_mod.is_mla_config(configs.draft)) if runs.dcp > 1 else ()
+            draft_mla=resolution.draft_mla(runs, configs)) if runs.dcp > 1 else ()
         changes = advice_mod.candidates(facts, runs, code=code, working=working,
                                         plugin_installed=switch.entry_point_installed())
         return advice_mod.search(judge, release, argv, node, device_rows, configs, changes,

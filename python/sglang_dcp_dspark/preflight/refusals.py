@@ -85,13 +85,9 @@ def hicache_gate(who: str, message: str, given: argparse.Namespace, *, mla: bool
                                          drop=("--hicache-storage-backend",)),))
         if not mla:
             return Refusal(who, "HiCache under DCP for a dense model", message)
-        if algorithm and (algorithm != "DSPARK" or _release(version) < (0, 5, 18)):
+        if algorithm and (algorithm != "DSPARK" or passes_mod.version_key(version) < (0, 5, 18)):
             return Refusal(who, f"HiCache under DCP with {algorithm}", message)
     return Refusal(who, "", message)
-
-
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
 
 
 def of_check(who: str, message: str, found: passes_mod.Refusal) -> Refusal:

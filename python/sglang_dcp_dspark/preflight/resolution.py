@@ -156,6 +156,11 @@ def backends(launch: Runs, node: Node, *, picked_by: str = "") -> result.Backend
                            picked)
 
 
+def draft_mla(launch: Runs, configs: Configs) -> bool:
+    """An external draft checkpoint with MLA attention, which sglang runs as the target's own NextN layer."""
+    return not launch.own_layer and models_mod.is_mla_config(configs.draft)
+
+
 def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = False,
                  node: Node | None = None) -> passes_mod.Judgement:
     """What the pass map says of the launch's passes under DCP (docs/spec-under-dcp.md): the speculative ones, or
@@ -192,7 +197,7 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
     return passes_mod.judge(
         release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, target_mla=mla,
         target_backend=launch.decode, draft_backend=launch.draft_backend_flag, hicache=launch.hicache,
-        verify_fix=verify_fix, draft_mla=not launch.own_layer and models_mod.is_mla_config(configs.draft),
+        verify_fix=verify_fix, draft_mla=draft_mla(launch, configs),
         capability_major=capability,
     )
 
@@ -208,10 +213,9 @@ def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool,
     mla = models_mod.is_mla_config(configs.target)
     if not launch.algorithm:
         return passes_mod.plain_refusal_of(release.version, dcp=launch.dcp, mla=mla, target_backend=launch.decode)
-    draft_mla = not launch.own_layer and models_mod.is_mla_config(configs.draft)
     fix = hooks_mod.verify_fix(plugin_on=plugin_on) if mla else None
     return passes_mod.refusal_of(
         release.version, launch.algorithm, dcp=launch.dcp, own_layer=launch.own_layer, mla=mla,
-        target_backend=launch.decode, draft_backend=launch.draft_backend_flag, draft_mla=draft_mla,
+        target_backend=launch.decode, draft_backend=launch.draft_backend_flag, draft_mla=draft_mla(launch, configs),
         verify_fix=fix if launch.decode == "flashinfer" else None, topk=launch.eagle_topk, flashinfer_fix=fix,
         kv_cache_dtype=launch.kv_cache_dtype, launched=launched)
