@@ -138,7 +138,9 @@ class OracleMLAWrapper:
     """``BatchMLAPagedAttentionWrapper`` as its constructor, ``plan`` and ``run`` are documented, computed by
     :class:`MLAOracle`. Built with ``use_cuda_graph=True``, it is bound to the buffers it is given: ``plan``
     copies into them (each of the size flashinfer copies into: the indptrs and lengths whole, the ids as a
-    prefix) and ``run`` reads the plan from them, so a buffer rebound or overwritten between plan and run shows."""
+    prefix). As flashinfer's ``run`` (its plan info and ``_kv_indices_buf``), the kernel reads the rows the plan
+    scheduled from the ids buffer as it is when it runs, so an ids buffer rebound or overwritten between plan and
+    run shows."""
 
     oracle_options: dict = {}
 
@@ -155,14 +157,18 @@ class OracleMLAWrapper:
         self._int_workspace_buffer = self._pin_memory_int_workspace_buffer = None
         self._cached_module = _FastPlan(self)
 
-    def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
-        """The native scheduler alone, on the lengths in the bound buffers: the plan a replay makes after the
-        capture's full plan (which gave the rest: the rope dim, page size and scale)."""
+    def fast_plan(self, num_heads, head_dim_ckv, causal, qo_indptr=None, kv_indptr=None, kv_len_arr=None) -> None:
+        """The native scheduler alone: the plan a replay makes after the capture's full plan (which gave the rest:
+        the rope dim, page size and scale), on the host lengths it is handed, as flashinfer's ``_cached_module.plan``
+        schedules from them (the bound buffers' where none is handed)."""
         if self._plan_args is None:
             raise PlanError("a fast plan before the first plan(): flashinfer has no module to plan with yet")
         _, _, _, _, _, _, head_dim_kpe, page_size, _, sm_scale = self._plan_args
-        self._plan_args = (self._qo_indptr_buf, self._kv_indptr_buf, self._kv_indices_buf, self._kv_len_arr_buf,
-                           num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale)
+        qo, kv, lens = (self._qo_indptr_buf if qo_indptr is None else qo_indptr,
+                        self._kv_indptr_buf if kv_indptr is None else kv_indptr,
+                        self._kv_len_arr_buf if kv_len_arr is None else kv_len_arr)
+        self._plan_args = (qo.clone(), kv.clone(), self._kv_indices_buf, lens.clone(), num_heads, head_dim_ckv,
+                           head_dim_kpe, page_size, causal, sm_scale)
         self.oracle.plan(*self._plan_args)
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
@@ -179,14 +185,15 @@ class OracleMLAWrapper:
                 raise PlanError(f"plan: {kv_indices.numel()} kv_indices, more than the CUDA-graph buffer holds")
             if kv_indices.data_ptr() != self._kv_indices_buf.data_ptr():
                 self._kv_indices_buf[: kv_indices.numel()].copy_(kv_indices)
-            qo_indptr, kv_indptr, kv_len_arr = self._qo_indptr_buf, self._kv_indptr_buf, self._kv_len_arr_buf
             kv_indices = self._kv_indices_buf
-        self._plan_args = (qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
-                           page_size, causal, sm_scale)
+        # The schedule is fixed at plan time (flashinfer's run takes its plan info and the ids buffer, not the
+        # indptrs or the lengths), so they are kept as planned; the ids are read when the kernel runs.
+        self._plan_args = (qo_indptr.clone(), kv_indptr.clone(), kv_indices, kv_len_arr.clone(), num_heads,
+                           head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale)
         self.oracle.plan(*self._plan_args)
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False, **_unused):
-        if self.use_cuda_graph and self._plan_args is not None:  # the kernel reads the bound buffers as they are now
+        if self.use_cuda_graph and self._plan_args is not None:  # the kernel reads the bound ids as they are now
             self.oracle.plan(*self._plan_args)
         return self.oracle.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse, return_lse=return_lse)
 
@@ -199,7 +206,7 @@ class _FastPlan:
         self.wrapper = wrapper
 
     def plan(self, float_ws, int_ws, pin_ws, qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_ckv, causal):
-        self.wrapper.fast_plan(num_heads, head_dim_ckv, causal)
+        self.wrapper.fast_plan(num_heads, head_dim_ckv, causal, qo_indptr, kv_indptr, kv_len_arr)
 
 
 class BaseELseWrapper(OracleMLAWrapper):
@@ -230,9 +237,9 @@ class UnweightedSplitWrapper(OracleMLAWrapper):
 
 class StaleReplayWrapper(OracleMLAWrapper):
     """Control for the kernel check: a replay's plan does nothing, so the graph runs on the capture's plan (a
-    kernel that snapshots its metadata at plan() and never reads the bound buffers again)."""
+    kernel that snapshots its metadata at plan() and ignores the lengths a replay plans with)."""
 
-    def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
+    def fast_plan(self, num_heads, head_dim_ckv, causal, *lengths) -> None:
         pass
 
     def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse: bool = False, **_unused):

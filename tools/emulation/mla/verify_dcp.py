@@ -264,9 +264,9 @@ def oracle_wrapper_class():
     base = BROKEN_KERNELS.get(kernel, OracleMLAWrapper)
 
     class OracleWrapper(base):
-        def fast_plan(self, num_heads, head_dim_ckv, causal) -> None:
+        def fast_plan(self, num_heads, head_dim_ckv, causal, *lengths) -> None:
             with launches.planning("fast"):
-                super().fast_plan(num_heads, head_dim_ckv, causal)
+                super().fast_plan(num_heads, head_dim_ckv, causal, *lengths)
 
         def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe,
                  page_size, causal, sm_scale, *dtypes, **kwargs):
