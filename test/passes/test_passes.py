@@ -171,14 +171,23 @@ def test_the_verify_fix_counts_only_its_own_readings_and_names_its_evidence(pass
 def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():
     """sglang builds a draft's attention from the draft's own config: an EAGLE launch with an MLA checkpoint runs
     on the MLA draft backends, as the target's own NextN layer does. The shipped 0.5.23 map: judged by the NEXTN
-    cases (its draft passes read other rows on flashinfer MLA), not by the dense EAGLE draft's (consistent), and
-    refused in the series' (0013) words; on fa3 the refusal does not send it to flashinfer."""
+    cases (without the fix its draft passes read other rows on flashinfer MLA; with the plugin's hooks, which plan
+    them, none does), not by the dense EAGLE draft's; refused all the same, in the series' (0018) words, its passes
+    being proven with the own layer only, which the fix admits; on fa3 the refusal does not send it to
+    flashinfer, and the own layer's does."""
     common = dict(dcp=8, target_backend="flashinfer", verify_fix="plugin")
     dense = passes.judge("0.5.23", "EAGLE", own_layer=False, **common)
     mla = passes.judge("0.5.23", "EAGLE", own_layer=False, draft_mla=True, **common)
     own = passes.judge("0.5.23", "NEXTN", own_layer=True, **common)
     assert dense.mapped and not dense.broken
-    assert mla.broken and [(f.name, f.verdict) for f in mla.findings] == [(f.name, f.verdict) for f in own.findings]
+    assert [(f.name, f.verdict) for f in mla.findings] == [(f.name, f.verdict) for f in own.findings]
+    assert not mla.broken and own.fixes_draft
+    stock = passes.judge("0.5.23", "EAGLE", own_layer=False, draft_mla=True, **dict(common, verify_fix=None))
+    assert {f.name for f in stock.broken} >= {"DRAFT_DECODE_GRAPH", "DRAFT_EXTEND"}, stock.broken
+    nextn = functools.partial(passes.refusal, "0.5.23", "NEXTN", dcp=8, own_layer=True, mla=True, draft_backend=None,
+                              flashinfer_fix="plugin")
+    assert nextn(target_backend="flashinfer", verify_fix="plugin") is None
+    assert nextn(target_backend="fa3") == passes.FA3_ON_FLASHINFER.format(dcp=8, algorithm="NEXTN")
     refuse = functools.partial(passes.refusal, "0.5.23", "EAGLE", dcp=8, own_layer=False, mla=True,
                                draft_backend=None, flashinfer_fix="plugin")
     assert refuse(target_backend="flashinfer", verify_fix="plugin") is None

@@ -18,6 +18,7 @@ from sglang_dcp_dspark.plugin import decisions, hooks
 from sglang_dcp_dspark.plugin import status as plugin_status
 from sglang_dcp_dspark.plugin.hooks import common as hook_common
 from sglang_dcp_dspark.plugin.hooks import flashinfer_mla_backend as verify_hooks
+from sglang_dcp_dspark.plugin.hooks import forward_mla as phase_hooks
 from sglang_dcp_dspark.plugin.hooks import hicache_auto_size as auto_size_hooks
 from sglang_dcp_dspark.plugin.hooks import hybrid_pool_assembler as assembler_hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
@@ -33,7 +34,9 @@ GATE = "HiCache with --dcp-size > 1"
 SPECULATIVE = "sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding"
 DEFAULT_BACKEND = "sglang.srt.server_args.ServerArgs._get_default_attn_backend"
 OVERRIDES_DEFAULT = "sglang.srt.arg_groups.overrides.get_default_attn_backend"
-VERIFY_TARGETS = (verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD)
+# The flashinfer MLA verify and NextN draft hooks, and the MLA forward's, written for 0.5.22's and 0.5.23's code.
+VERIFY_TARGETS = (verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD, verify_hooks.DRAFT_DECODE,
+                  phase_hooks.PHASE)
 
 
 def probe(model: Path, *, spawn: bool = False, plugins: str | None = None, pythonpath: Path | None = None) -> dict:
@@ -75,8 +78,9 @@ def test_on_stock_sglang_the_plugin_fixes_launcher_and_spawned_scheduler(tiny_ml
     # One line per target, and a second register() adds none; the draft registration adds what HiCache pins.
     decisions = [line for line in got["plugin_log"] if line.startswith("INFO dcp_dspark:")]
     hooked = [line for line in decisions if line.startswith("INFO dcp_dspark: hooked")]
-    # and the four entries not for 0.5.17 (the picker of 0.5.19 on, the three verify hooks) each say so once
-    assert len(hooked) == 4 and len(decisions) == 8, decisions
+    # and the five entries not for 0.5.17 (the picker of 0.5.19 on, the three verify hooks, the NextN draft decode's;
+    # the MLA forward's module is not imported here) each say so once
+    assert len(hooked) == 4 and len(decisions) == 9, decisions
     assert hooked[2].startswith(f"INFO dcp_dspark: hooked {SPECULATIVE}")
     assert any(line.startswith("INFO HiCache pins") and "dcp_size 8" in line for line in got["plugin_log"])
 
@@ -103,7 +107,7 @@ def test_on_a_tree_with_the_series_applied_it_stands_aside(tiny_mla_model, tree_
     left = [line.split(" alone")[0].removeprefix("INFO dcp_dspark: left ") for line in log if " alone" in line]
     hooked = [line.split(":")[1].removeprefix(" hooked ") for line in log if line.startswith("INFO dcp_dspark: hooked")]
     assert hooked == [DEFAULT_BACKEND, SPECULATIVE], log
-    assert len(left) == 6 and len(log) == 8, log
+    assert len(left) == 7 and len(log) == 9, log
 
 
 # In-process: the verdicts on resolvers and registrations that are not 0.5.17's.
@@ -516,7 +520,7 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
     # every process pays for this much only, and none of it imports sglang or torch.
     carriers = {f"sglang_dcp_dspark.plugin.hooks.{name}" for name in (
         "common", "entry", "server_args", "kv_cache_builder", "scheduler", "hybrid_pool_assembler", "hicache_auto_size",
-        "overrides", "speculative_hook", "flashinfer_mla_backend")}
+        "overrides", "speculative_hook", "flashinfer_mla_backend", "forward_mla")}
     assert ours == {
         "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.plugin.switch", "sglang_dcp_dspark.plugin.hooks",
         "sglang_dcp_dspark.plugin.decisions", "sglang_dcp_dspark.core", "sglang_dcp_dspark.core.rules", *carriers,
@@ -535,6 +539,7 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
         scheduler_hooks.INIT_MEMORY_POOLS, assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP,
         assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
         overrides_hooks.DEFAULT_BACKEND, speculative_hooks.SPECULATIVE, verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD,
+        verify_hooks.DRAFT_DECODE, phase_hooks.PHASE,
     ]
     assert [h.hook for h in hooks.HOOKS] == [
         server_args_hooks.admit_dspark, server_args_hooks.pick_flashinfer_under_dcp,
@@ -542,14 +547,14 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
         overrides_hooks.pick_flashinfer_under_dcp, speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
-        verify_hooks.verify_with_lse,
+        verify_hooks.verify_with_lse, verify_hooks.plan_draft_decode, phase_hooks.draft_extend_phase,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
         server_args_hooks.resolver_verdict, server_args_hooks.default_verdict, kv_cache_hooks.registration_verdict,
         scheduler_hooks.budget_verdict, hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict,
         hybrid_pool_assembler.guard_verdict, hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
         overrides_hooks.default_verdict, speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
-        verify_hooks.same_verdict,
+        verify_hooks.same_verdict, verify_hooks.draft_decode_verdict, phase_hooks.phase_verdict,
     ]
     for h in hooks.HOOKS:
         assert h.target.startswith(h.module + ".") and h.does

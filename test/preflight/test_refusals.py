@@ -92,9 +92,11 @@ def test_the_plugins_check_is_read_as_it_decided():
         Change("drop --speculative-draft-attention-backend triton", drop=("--speculative-draft-attention-backend",)),)
     # the line each carrier raises is the facts' line
     assert passes.refusal("0.5.23", "EAGLE3", topk=4, **facts) == tree.line
-    # sglang renames NEXTN to EAGLE before the check sees it: the words keep the name the launch gave
-    own = passes.refusal_of("0.5.23", "EAGLE", launched="NEXTN", **{**facts, "own_layer": True})
-    assert own.what == "NEXTN's MTP-layer draft on flashinfer under DCP" and "EAGLE" in own.line
+    # sglang renames NEXTN to EAGLE before the check sees it: the words keep the name the launch gave (on fa3: on
+    # flashinfer the fix plans the own layer's passes, and the check admits it)
+    assert passes.refusal_of("0.5.23", "EAGLE", launched="NEXTN", **{**facts, "own_layer": True}) is None
+    own = passes.refusal_of("0.5.23", "EAGLE", launched="NEXTN", **{**facts, "own_layer": True, "target_backend": "fa3"})
+    assert own.what == "NEXTN on fa3 under DCP" and "EAGLE" in own.line and "--attention-backend flashinfer" in own.line
 
 
 class _Runs:

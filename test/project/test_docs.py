@@ -34,6 +34,8 @@ FRESHNESS = {
     "auto-size": "test/project/test_docs.py",
     "hook-index": "test/project/test_docs.py",
     "verify-numbers-plugin": "test/numerics/test_verify_dcp.py",
+    "nextn-numbers-plugin": "test/numerics/test_nextn_dcp.py",
+    "nextn-numbers-series": "test/numerics/test_nextn_dcp.py",
     "verify-numbers-series": "test/numerics/test_verify_dcp.py",
     "verify-pr-numbers": "test/numerics/test_verify_dcp.py",
     "recipes": "test/releases/test_docs.py",

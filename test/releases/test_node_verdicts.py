@@ -226,3 +226,21 @@ def test_a_draft_tree_under_dcp_is_advised_the_chain_that_runs():
     assert code == 1 and "(topk 4) on flashinfer under DCP" in _line(report), _line(report)
     assert advice["add"] == ["--speculative-eagle-topk", "1"] and advice["verdict"] == 0, advice
     assert _change(report).startswith("--speculative-eagle-topk 1: PASSES (exit 0)"), _change(report)
+
+
+def test_nextn_on_flashinfer_passes_where_the_fix_plans_its_draft_passes_too():
+    """DeepSeek's own MTP layer as draft (NEXTN) at --tp 8 --dcp-size 8 on an emulated H200, flashinfer: where the fix
+    applies (the plugin's hooks on 0.5.22 and 0.5.23, upstream-next 0017 on the patched tree) it PASSES, the line
+    naming who fixes its verify and draft and the block every pass consistent; elsewhere the plugin refuses it."""
+    nextn = [*PLAIN, "--attention-backend", "flashinfer", "--speculative-algorithm", "NEXTN"]
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *nextn)
+    if TREE not in FIXED_TREES:
+        assert code == 1 and "the plugin refuses NEXTN" in _line(report), _line(report)
+        return
+    short = "upstream-next" if TREE in SERIES_TREES else "the plugin"
+    # The line names who fixes them (in full where it fits 100 columns); the evidence says what it fixes.
+    assert code == 0 and f"fixed by {short}" in _line(report), _line(report)
+    assert "the NextN draft's decode and extend on flashinfer under DCP are fixed by" in report["verdict"]["evidence"]
+    judged = {p["name"]: p["verdict"] for p in report["passes"]["passes"]}
+    assert set(judged) >= {"DRAFT_DECODE_GRAPH", "DRAFT_EXTEND", "TARGET_VERIFY_GRAPH"}, judged
+    assert set(judged.values()) == {"consistent"}, judged

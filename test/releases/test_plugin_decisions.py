@@ -16,6 +16,7 @@ import pytest
 from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.core.compat import locate_tree, parse_version
 from sglang_dcp_dspark.plugin import hooks
+from sglang_dcp_dspark.plugin.hooks import forward_mla as phase_hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 from sglang_dcp_dspark.plugin.hooks import overrides as overrides_hooks
 from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
@@ -83,8 +84,9 @@ def test_what_each_hook_needs_on_this_release(verdicts):
         if since("0.5.23"):
             want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
         if since(hooks.VERIFY_FIX_SINCE):
-            # The verify under DCP planned split: the flashinfer MLA verify of 0.5.22 and 0.5.23.
-            want |= {h.target for h in hooks.HOOKS if h.module == hooks.FLASHINFER_MLA}
+            # The verify under DCP planned split: the flashinfer MLA verify of 0.5.22 and 0.5.23, with the NextN
+            # draft's decode and extend, and the MLA forward that merges that extend.
+            want |= {h.target for h in hooks.HOOKS if h.module in (hooks.FLASHINFER_MLA, phase_hooks.MODULE)}
         if passes.measured(RELEASE) and passes.broken_kinds(RELEASE):
             # The speculative check, where the pass map shows a launch kind reading other rows under DCP.
             want.add("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding")

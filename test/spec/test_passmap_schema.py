@@ -63,6 +63,9 @@ def test_schema() -> None:
     for record in data["verify_fixed"]:
         assert set(record) == {"release", "fix", "algorithm", "draft_class", "draft_backend_flag", "dcp", "rank",
                                "passes"}
-        assert record["dcp"] > 1 and list(record["passes"]) == ["TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER"]
+        # and NEXTN's draft decode graph and draft extend, which the fix plans under DCP too
+        nextn_draft = ["DRAFT_DECODE_GRAPH", "DRAFT_EXTEND"] if record["algorithm"] == "NEXTN" else []
+        assert record["dcp"] > 1 and list(record["passes"]) == ["TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER",
+                                                                *nextn_draft]
         for p in record["passes"].values():
             assert p["verdict"] in verdicts and p["after_hicache"]["verdict"] in verdicts and p["detail"] and p["where"]

@@ -4,7 +4,8 @@ preflight names the passes the map shows reading other rows on every tree,
 and never says PASSES for them; with the fix (the series or the plugin) the
 broken pairs the map ran are refused at argument time in the series' words,
 and the verify on flashinfer MLA is planned split under DCP (0012-0013), so
-DSPARK and external EAGLE drafts there PASS, naming that fix and its evidence.
+DSPARK and external EAGLE drafts there PASS, naming that fix and its evidence;
+so does NEXTN, whose own draft passes the fix plans too (0017-0018).
 The plan check (0009, hardening: nothing admits a packed or an EAGLE draft
 under DCP + HiCache now) is tested on sglang's own pools with the plugin's
 words (:func:`hooks.hybrid_pool_assembler.check_draft_pools`), and the
@@ -59,68 +60,82 @@ FLASHINFER = ("--attention-backend", "flashinfer")
 
 
 @pytest.mark.parametrize("hicache", [(), HICACHE], ids=["no-hicache", "hicache"])
-def test_nextn_at_dcp_8_is_never_passes_and_names_the_broken_pass(hicache):
+def test_nextn_at_dcp_8_on_flashinfer_is_judged_on_the_passes_the_launch_runs(hicache):
     """preflight -- --model-path <DeepSeek-V3> --tp 8 --dcp-size 8 [--enable-hierarchical-cache] --speculative-algorithm NEXTN.
 
     On flashinfer MLA (named: on the emulated H200 sglang would pick fa3): stock 0.5.23 admits it without HiCache
-    (BROKEN PASS, exit 5); the HiCache gate refuses it (exit 1), and so do the series and the plugin (0008, 0013).
-    Either way the line names the passes the map shows reading other rows: the verify too on stock; with the fix
-    (0012, the plugin's hooks) the verify is planned split and the draft's own passes remain.
+    (BROKEN PASS, exit 5), the line saying what its draft does and the details naming the verify and the draft's
+    passes. With the fix (the series' 0012 and 0017, the plugin's hooks) every pass it runs reads this rank's rows,
+    and it PASSES. sglang's HiCache gate refuses it under DCP on every tree (exit 1; lifting it is not done yet).
     """
     code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN", *FLASHINFER)
     line = report["verdict"]["line"]
-    why = " ".join(report["verdict"]["details"])  # the block's details name every broken pass
-    assert code == (5 if TREE == "next-stock" and not hicache else 1), line
-    verify = r"TARGET_VERIFY\w* on flashinfer( \(dcp 8, rank 0\):)? the target reads other tokens' KV"
+    why = " ".join(report["verdict"]["details"])  # the block's details name every pass, broken or consistent
+    verdicts = {p["name"]: p["verdict"] for p in report["passes"]["passes"]}
+    assert "\n" not in line
     if TREE == "next-stock":
-        assert re.search(verify, why), why
+        assert code == (1 if hicache else 5), line
+        verify = r"TARGET_VERIFY\w* on flashinfer( \(dcp 8, rank 0\):)? the target reads other tokens' KV"
+        assert re.search(verify, why) and "DRAFT_DECODE_GRAPH on flashinfer" in why, why
+        if code == 5:  # the line says what the first broken pass does, in an operator's words
+            assert line.endswith("under DCP on flashinfer, the draft reads other tokens' KV"), line
+        return
+    assert set(verdicts.values()) == {"consistent"} and "DRAFT_EXTEND" in verdicts, verdicts
+    if hicache:
+        assert code == 1 and "HiCache under DCP with NEXTN" in line, line
     else:
-        assert not re.search(verify, why), why
-    assert "DRAFT_DECODE_GRAPH on flashinfer" in why and "\n" not in line
-    if code == 5:  # the line says what the first broken pass does, in an operator's words; the details, which
-        assert line.endswith("under DCP on flashinfer, the draft reads other tokens' KV"), line
+        assert code == 0 and "fixed by" in line, line
 
 
 @pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
 def test_a_separate_nextn_checkpoint_is_judged_like_the_targets_own_layer(algorithm):
-    """The map's cases are found by the draft sglang would run, not by its path: same passes, same verdict."""
-    own = preflight(*DCP8[:-1], "--speculative-algorithm", "NEXTN")[1]["passes"]["passes"]
+    """The map's cases are found by the draft sglang would run, not by its path: same passes, same verdict where
+    both run. On the emulated H200 stock sglang picks fa3 and admits both (a broken pass). The series and the
+    plugin pick flashinfer MLA: the target's own layer PASSES there, and a separate MLA checkpoint, whose passes are
+    proven with the own layer only, is refused in one line saying so."""
+    own_code, own = preflight(*DCP8[:-1], "--speculative-algorithm", "NEXTN")
     code, report = preflight(*DCP8[:-1], "--speculative-algorithm", algorithm, "--speculative-draft-model-path", MLA_DRAFT)
-    # On the emulated H200 stock sglang picks fa3 and admits it (a broken pass); the series and the plugin pick
-    # flashinfer MLA, and refuse a NextN draft's passes there.
-    assert code == (5 if TREE == "next-stock" else 1), report["verdict"]["line"]
-    assert [(p["name"], p["verdict"]) for p in report["passes"]["passes"]] == [(p["name"], p["verdict"]) for p in own]
+    if TREE == "next-stock":
+        assert code == own_code == 5, report["verdict"]["line"]
+        assert ([(p["name"], p["verdict"]) for p in report["passes"]["passes"]]
+                == [(p["name"], p["verdict"]) for p in own["passes"]["passes"]])
+        return
+    assert own_code == 0, own["verdict"]["line"]
+    assert code == 1 and report["message"] == f"ValueError: {passes.NEXTN_MLA_DRAFT.format(dcp=8, algorithm='EAGLE')}"
 
 
 @pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
-def test_a_separate_mla_checkpoint_on_flashinfer_is_refused_as_the_own_layer_is(algorithm):
+def test_a_separate_mla_checkpoint_on_flashinfer_reads_as_the_own_layer_and_stays_refused(algorithm):
     """sglang builds the draft's attention from the draft's config: an MLA checkpoint runs on the MLA draft
     backends, as the target's own NextN layer does, and its draft passes read what that layer's read (the map's
-    NEXTN case, not the dense EAGLE draft's). The series (0013) and the plugin refuse it in the same line."""
+    NEXTN case, not the dense EAGLE draft's): wrong rows on stock, this rank's rows with the fix. The series (0018)
+    and the plugin refuse it in the same line, which says its passes are proven with the own layer only."""
     own = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN")[1]["passes"]["passes"]
     code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", algorithm,
                              "--speculative-draft-model-path", MLA_DRAFT)
     drafts = [(p["name"], p["verdict"]) for p in report["passes"]["passes"] if p["name"].startswith("DRAFT_")]
     assert drafts == [(p["name"], p["verdict"]) for p in own if p["name"].startswith("DRAFT_")]
-    assert ("DRAFT_DECODE_GRAPH", "wrong-rows") in drafts, drafts
     if TREE == "next-stock":
+        assert ("DRAFT_DECODE_GRAPH", "wrong-rows") in drafts, drafts
         assert code == 5, report["verdict"]["line"]
     else:
+        assert {v for _, v in drafts} == {"consistent"}, drafts
         assert code == 1 and report["message"] == f"ValueError: {passes.NEXTN_MLA_DRAFT.format(dcp=8, algorithm='EAGLE')}"
 
 
-def test_nextn_on_flashinfer_is_refused_at_argument_time_by_the_fix():
-    """With --attention-backend flashinfer (MLA), the series' check and the plugin's hook refuse it in the same line."""
+def test_nextn_on_flashinfer_passes_with_the_fix():
+    """With --attention-backend flashinfer (MLA): stock admits it with its draft and verify reading other rows
+    (exit 5); the series (0017-0018) and the plugin's hooks plan every pass it runs and admit it (exit 0)."""
     code, report = preflight(*DCP8[:-1], *FLASHINFER, "--speculative-algorithm", "NEXTN")
     if TREE == "next-stock":
         assert code == 5 and report["stock"]["passed"]
         return
-    assert code == 1  # its verify is planned split now (0012), its own draft passes are not (0013's words)
-    assert report["message"] == f"ValueError: {passes.NEXTN_DRAFT.format(dcp=8, algorithm='EAGLE')}"
+    assert code == 0 and report["message"] is None, report["verdict"]["line"]
+    assert "the NextN draft's decode and extend" in report["verdict"]["evidence"], report["verdict"]["evidence"]
 
 
-def test_the_plugins_off_switch_turns_the_refusal_off():
-    """SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0: the plugin refuses nothing, and preflight still names the broken passes.
+def test_the_plugins_off_switch_turns_the_plugins_fix_off():
+    """SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0: the plugin plans nothing, and preflight names the broken passes.
 
     In a process of its own, as a user runs preflight: this test process may
     have loaded the plugin through load_plugins() already (next-plugin).
@@ -132,8 +147,8 @@ def test_the_plugins_off_switch_turns_the_refusal_off():
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads(done.stdout)
     assert not report["plugin"]["enabled"]
-    if TREE == "next-patched":  # the series refuses it in sglang's own code, whatever the plugin's switch says
-        assert done.returncode == 1, report["verdict"]["line"]
+    if TREE == "next-patched":  # the series plans it in sglang's own code, whatever the plugin's switch says
+        assert done.returncode == 0, report["verdict"]["line"]
     else:
         assert done.returncode == 5 and report["passed"] and "TARGET_VERIFY" in " ".join(report["verdict"]["details"])
 

@@ -126,6 +126,7 @@ class Judgement:
     evidence: str = ""  # a fix the judgement counts on (the verify under DCP), and how it was proven
     refused_kv: str = ""  # the quantized --kv-cache-dtype its split verify would run on (kv_cache_refusal refuses it)
     fixed_by: str = ""  # who carries the split verify the judgement counts on (a VERIFY_FIXES key), if any
+    fixes_draft: bool = False  # that carrier plans the NextN draft's own passes under DCP too (the plugin)
 
     @property
     def kernel_checked(self) -> bool:
@@ -291,18 +292,22 @@ def _with_kernel_evidence(findings, evidence: str) -> str:
     return f"{evidence}; {KERNEL_EVIDENCE}" if evidence else KERNEL_EVIDENCE
 
 
-def verify_evidence(fix: str) -> str:
-    """What a verdict that counts on the verify fix says of it: who carries it and what proves it."""
-    return (f"the verify on flashinfer under DCP is fixed by {VERIFY_FIXES[fix]}: the prefix planned once per request, "
-            "the draft window per token, merged across ranks; proven on CPU within 1e-5 of one rank, not yet on a "
-            "GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)")
+def verify_evidence(fix: str, draft: bool = False) -> str:
+    """What a verdict that counts on the verify fix says of it: who carries it and what proves it; with ``draft``,
+    the NextN draft's own passes the carrier plans too."""
+    what = "the verify" + (" and the NextN draft's decode and extend" if draft else "")
+    how = ("the prefix planned once per request, the draft window per token, merged across ranks"
+           + ("; the draft decode as its eager form plans it" if draft else ""))
+    return (f"{what} on flashinfer under DCP {'are' if draft else 'is'} fixed by {VERIFY_FIXES[fix]}: {how}; proven on "
+            "CPU within 1e-5 of one rank, not yet on a GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)")
 
 
-def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool]:
-    """The cases with their flashinfer MLA verify readings as the map measured them with ``fix`` in effect."""
+def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool, bool]:
+    """The cases with their flashinfer MLA readings as the map measured them with ``fix`` in effect: the verify's,
+    and the NextN draft's own passes where the fix plans them (the second flag)."""
     fixed = {(r["algorithm"], r.get("draft_backend_flag"), r["dcp"], r["rank"]): r["passes"]
              for r in load(release)["verify_fixed"] if r["fix"] == fix}
-    out, used = [], False
+    out, used, draft = [], False, False
     for case in cases:
         passes = fixed.get((case["algorithm"], case.get("draft_backend_flag"), case["dcp"], case["rank"]))
         if passes is None or case["target_backend"] != "flashinfer_mla":
@@ -310,7 +315,8 @@ def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict]
             continue
         out.append({**case, "passes": {**case["passes"], **passes}})
         used = True
-    return out, used
+        draft = draft or any(name in DRAFT_PASSES for name in passes)
+    return out, used, draft
 
 
 def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, target_mla: bool = True,
@@ -357,10 +363,10 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     if not cases:
         kind = "an MLA" if target_mla else "a dense"
         return Judgement(release, name, dcp, False, why_unmapped=f"preflight has no {name} case with {kind} target on sglang {release}")
-    evidence = ""
+    evidence, fixes_draft = "", False
     if verify_fix is not None:
-        cases, used = _fixed_verify(cases, release, verify_fix)
-        evidence = verify_evidence(verify_fix) if used else ""
+        cases, used, fixes_draft = _fixed_verify(cases, release, verify_fix)
+        evidence = verify_evidence(verify_fix, fixes_draft) if used else ""
     flagged = [c for c in cases if c.get("draft_backend_flag") == draft_backend]
     if not flagged:
         flags = sorted({str(c.get("draft_backend_flag") or "default") for c in cases})
@@ -414,7 +420,7 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     uses_fix = evidence and not draft_side_only and any(c["target_backend"] == "flashinfer_mla" for c in flagged)
     return Judgement(release, name, dcp, True, findings, note=note,
                      evidence=_with_kernel_evidence(findings, evidence if uses_fix else ""),
-                     fixed_by=verify_fix if uses_fix else "")
+                     fixed_by=verify_fix if uses_fix else "", fixes_draft=bool(uses_fix) and fixes_draft)
 
 
 def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
@@ -549,14 +555,16 @@ DSPARK_ON = ("--dcp-size {dcp} with DSpark on {backend} MLA is not supported: un
              "{backend} MLA.")
 
 
-# The series' words (patches/upstream-next 0013) where flashinfer MLA's verify is planned split under DCP.
+# The series' words (patches/upstream-next 0013) where flashinfer MLA's verify is planned split under DCP. 0018 admits
+# the target's own NextN layer there, as the plugin does: NEXTN_DRAFT is said only where the map's readings with the
+# fix show a draft pass of it broken.
 NEXTN_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and the target's own NextN layer as draft is "
                "not supported on flashinfer MLA: under DCP the draft's decode and extend passes read untranslated rows, "
                "other tokens' KV. Use --dcp-size 1 for NEXTN, or an external draft (--speculative-draft-model-path).")
 NEXTN_MLA_DRAFT = ("--dcp-size {dcp} with --speculative-algorithm {algorithm} and an MLA draft checkpoint is not "
-                   "supported on flashinfer MLA: sglang runs it as it runs the target's own NextN layer, and under DCP "
-                   "that draft's decode and extend passes read untranslated rows, other tokens' KV. Use --dcp-size 1, "
-                   "or a dense external draft.")
+                   "supported on flashinfer MLA: sglang runs it on the NextN draft's passes, which are proven under DCP "
+                   "with the target's own NextN layer only, not with a separate checkpoint. Use --speculative-algorithm "
+                   "NEXTN, or a dense external draft.")
 TOPK_TREE = ("--dcp-size {dcp} with --speculative-eagle-topk {topk} is not supported on flashinfer MLA: under DCP the "
              "verify's window is planned per draft token of a chain, and a draft tree needs a mask it does not carry. Use "
              "--speculative-eagle-topk 1.")
@@ -683,19 +691,20 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
                        "--speculative-draft-attention-backend", draft_backend, ())
     if target_backend is None:
         return None
+    judged = judge(version, name, target_backend=target_backend, verify_fix=verify_fix,
+                   **{**common, "draft_backend": None})
     if verify_fix is not None and target_backend == "flashinfer" and mla and name in EAGLE_FAMILY:
-        # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows), then a tree.
-        if own_layer:
+        # 0013's order: the target's own NextN layer as draft (its draft passes read untranslated rows, unless the
+        # carrier plans them too, as the plugin's hooks do: the map's readings with the fix say which), then a tree.
+        if own_layer and any(f.name in DRAFT_PASSES for f in judged.broken):
             return Refusal(NEXTN_DRAFT.format(dcp=dcp, algorithm=name),
                            f"{shown}'s MTP-layer draft on flashinfer under DCP", target_backend)
-        if nextn_draft:
+        if nextn_draft and not own_layer:
             return Refusal(NEXTN_MLA_DRAFT.format(dcp=dcp, algorithm=name),
                            f"{shown}'s MLA draft on flashinfer under DCP", target_backend)
         if topk > 1:
             return Refusal(TOPK_TREE.format(dcp=dcp, topk=topk), f"a draft tree (topk {topk}) on flashinfer under DCP",
                            target_backend, "--speculative-eagle-topk", str(topk), ("--speculative-eagle-topk", "1"))
-    judged = judge(version, name, target_backend=target_backend, verify_fix=verify_fix,
-                   **{**common, "draft_backend": None})
     if not judged.broken:
         return None
     if judged.broken[0].name == BACKEND_INIT:
@@ -704,7 +713,9 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         return None
     what = f"{shown} on {target_backend} under DCP"
     if target_backend == "fa3" and mla and (name in EAGLE_FAMILY or name == "DSPARK"):
-        runs = flashinfer_fix is not None and (name == "DSPARK" or not nextn_draft)
+        # flashinfer runs it where its fix is in effect: DSpark, a dense external draft, and the target's own NextN
+        # layer, whose draft passes the fix plans too (0017, the plugin's hooks); not an external MLA checkpoint.
+        runs = flashinfer_fix is not None and (name == "DSPARK" or not nextn_draft or own_layer)
         return Refusal((FA3_ON_FLASHINFER if runs else FA3_ON).format(dcp=dcp, algorithm=name), what, target_backend)
     if name in EAGLE_FAMILY and mla:
         return Refusal(EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend), what, target_backend)

@@ -193,9 +193,12 @@ def _passes(facts: Facts, stop):
         reasons = ("no DCP (preflight checks passes only under DCP)",)
     else:
         backends = ", ".join(sorted({f.backend for f in judged.consistent}))
-        fix = f"; {FIXERS.get(judged.fixed_by, judged.fixed_by)} fixes its verify" if judged.fixed_by else ""
+        fixer = FIXERS.get(judged.fixed_by, judged.fixed_by)
+        fixed = "its verify and draft" if judged.fixes_draft else "its verify"
         base = f"DCP passes checked on {backends}, CPU only"
-        reasons = (base + fix, base, "DCP passes checked, CPU only")
+        # Who fixes what, shortened to who where the line is full; the evidence entry says what, whole.
+        fixes = (f"; {fixer} fixes {fixed}", f"; fixed by {fixer}") if judged.fixed_by else ()
+        reasons = (*(base + fix for fix in fixes), base, "DCP passes checked, CPU only")
         extra = {"checked": checked_clause(judged), "evidence": judged.evidence}
     return reasons, [stock_clause(facts), plugin_clause(facts)], extra
 

@@ -170,15 +170,17 @@ def pass_draft_extend_v2(pool, req, dcp, rank, striped, *, tr_d, tr_t) -> dict:
     be, _ = fi_mla_backend(pool, req, draft=True, tr=tr_d)
     b, where = draft_extend_batch(req, tr_d, tr_t)
     be.init_forward_metadata(b)
-    return with_plan(judge("mla", pool, be.prefill_wrapper_paged.kernel_ids(),
-                           owned(req.locs(req.S + DRAFT_TOKENS), striped, dcp, rank)), where)
+    # Stock plans it on the paged prefill wrapper, one causal run per request; the plugin plans it split under DCP
+    # (a wrapper pair of its own), judged as the verify's split is: token j reads this rank's keys up to S + j.
+    return with_plan(judge_verify(pool, be.forward_metadata.prefill_wrapper, req, dcp, rank, striped), where)
 
 
 def judge_verify(pool, wrapper, req, dcp, rank, striped) -> dict:
-    """The verify's reads: one lane for the request (stock: every draft token reads the request's whole run), or,
-    under DCP with the verify split (upstream-next 0012, the plugin's flashinfer MLA hooks), the prefix lane (one
-    per request, all draft tokens) and a window lane per draft token: token j must read this rank's share of
-    positions 0 .. S + j over the two, a side the plan flags empty (its filler slot) reading nothing."""
+    """The verify's reads (and a NextN draft extend's, whose queries are the verify's): one lane for the request
+    (stock: every draft token reads the request's whole run), or, under DCP planned split (upstream-next 0012, the
+    plugin's flashinfer MLA hooks), the prefix lane (one per request, all draft tokens) and a window lane per draft
+    token: token j must read this rank's share of positions 0 .. S + j over the two, a side the plan flags empty
+    (its filler slot) reading nothing."""
     S, n = req.S, DRAFT_TOKENS
     split = getattr(wrapper, "_dcp_split", None)
     if dcp == 1 or split is None:

@@ -8,7 +8,8 @@ later: ``hybrid_pool_assembler`` (the budget and the guard) and
 under DCP: ``speculative_hook`` (the argument check the pass map drives) and,
 on 0.5.22 and 0.5.23, ``flashinfer_mla_backend`` (the target verify planned
 split, the prefix once and the window per draft token, which the check then
-counts on).
+counts on, and a NextN draft's decode and extend) with ``forward_mla`` (that
+draft extend merged across ranks as a decode is).
 
 Each carrier declares its entries at its foot (:class:`entry.Hook`), by
 reference as sglang's own HookRegistry takes them (the judge and the hook are
@@ -40,9 +41,10 @@ from collections.abc import Iterator
 # The carriers. HOOKS below takes their entries in the table's order: sglang 0.5.17's gate, draft registration
 # and scheduler budget; the draft sidecar of 0.5.19 on (patches/upstream-next 0001-0003, 0009); every
 # release the pass map covers (the speculative check); and the flashinfer MLA verify planned split on 0.5.22 and
-# 0.5.23 (0012).
+# 0.5.23 (0012), with the NextN draft's decode and extend.
 from . import (
     flashinfer_mla_backend,
+    forward_mla,
     hicache_auto_size,
     hybrid_pool_assembler,
     kv_cache_builder,
@@ -77,6 +79,7 @@ __all__ = [
 HOOKS: tuple[Hook, ...] = (
     *server_args.HOOKS, *kv_cache_builder.HOOKS, *scheduler.HOOKS, *hybrid_pool_assembler.HOOKS,
     *hicache_auto_size.HOOKS, *overrides.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
+    *forward_mla.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
 # The budget verdict on a scheduler as its wheel ships it, read off the wheel's RECORD (preflight's 0.5.17 adapter).

@@ -20,9 +20,22 @@ window per draft token, heads x dcp, merged on the rank):
   KV as before, runs both sides with their LSE, merges them, and returns
   ``(out, lse)``.
 
+The target's own NextN layer as draft (NEXTN) runs two more passes under DCP
+on this backend, on the same striped pool:
+
+- ``FlashInferMLAIndicesUpdaterDecode.call_begin_forward``: the draft decode
+  in its CUDA-graph form hands the kernel ``generate_draft_decode_kv_indices``'
+  logical locs untranslated; under DCP a draft decode is planned as the eager
+  form plans it (sglang's own DCP decode plan over ``req_to_token``, ids built
+  and translated on the device);
+- the draft extend (``DRAFT_EXTEND_V2``): each query reads this rank's keys up
+  to its own position, the verify's problem, so it is planned by the same
+  split plan on a wrapper pair of its own, returns ``(out, lse)``, and the
+  model merges it across ranks as it merges a decode (:mod:`.forward_mla`).
+
 Before its first verify under DCP, a process checks the kernel it will run
 (:mod:`..kernel_check`). patches/upstream-next 0012 makes the same change in
-sglang's module. Every other batch goes to sglang's own code unchanged. The
+sglang's module, and 0017 the NextN draft's. Every other batch goes to sglang's own code unchanged. The
 three are judged together on the code they patch: the verify of 0.5.22 and
 0.5.23 (a plan-bound ``call_begin_forward``, graph-keyed verify wrappers, a
 ``forward_extend`` that never asks for the LSE); 0.5.19 to 0.5.21 plan the
@@ -43,8 +56,11 @@ MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
 METADATA = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata"
 GRAPH = f"{MODULE}.FlashInferMLAAttnBackend.init_forward_metadata_out_graph"
 FORWARD = f"{MODULE}.FlashInferMLAAttnBackend.forward_extend"
+DRAFT_DECODE = f"{MODULE}.FlashInferMLAIndicesUpdaterDecode.call_begin_forward"
 # The name upstream-next 0012 gives its planner in sglang's code: a module that has it is fixed.
 SERIES_MARK = "plan_dcp_split_verify"
+# And the name 0017 gives the backend's answer to whether it planned a draft extend split.
+DRAFT_SERIES_MARK = "dcp_draft_extend_planned"
 # The index builder the split verify gathers its ids with: sglang's own, for the Triton backend's DCP decode.
 ID_BUILDER = "sglang.kernels.ops.attention.dcp_kernels"
 
@@ -107,6 +123,26 @@ def verify_fix_in_effect(plugin_on: bool) -> str | None:
     return None
 
 
+def draft_decode_verdict(original: Callable | None = None) -> Finding:
+    """Does this release's draft decode graph hand the kernel untranslated ids under DCP? Where the verify hooks
+    apply (the same 0.5.22 / 0.5.23 code) and the decode updater takes a draft's ids from ``spec_info`` beside its
+    own DCP plan."""
+    found = verify_verdict()
+    if DRAFT_SERIES_MARK in inspect.getsource(_module()):
+        return Finding(DRAFT_DECODE, Verdict.FIXED, "the release plans the NextN draft's passes under DCP itself "
+                                                    "(upstream-next 0017)")
+    if found.verdict is not Verdict.NEEDS_FIX:
+        detail = ("the release plans the verify itself (upstream-next 0012) but not the NextN draft's passes"
+                  if found.verdict is Verdict.FIXED else found.detail)
+        return Finding(DRAFT_DECODE, Verdict.OUT_OF_SCOPE, detail)
+    source = _source(_module().FlashInferMLAIndicesUpdaterDecode.call_begin_forward)
+    if "plan_dcp_decode_metadata" not in source or "spec_info.kv_indices" not in source:
+        return Finding(DRAFT_DECODE, Verdict.UNRECOGNISED, "the decode updater does not plan DCP and take a draft's "
+                                                           "ids from spec_info: not the code the hook was written for")
+    return Finding(DRAFT_DECODE, Verdict.NEEDS_FIX, "under DCP a draft decode graph hands the kernel the draft "
+                                                    "kernel's logical locs, untranslated and unsharded")
+
+
 def _dcp():
     from sglang.srt.runtime_context import get_parallel
 
@@ -119,6 +155,21 @@ def _is_dcp_verify(forward_batch) -> bool:
     if not forward_batch.forward_mode.is_target_verify() or spec_info is None:
         return False
     return getattr(spec_info, "is_verify_input", lambda: False)() and _dcp()[0] > 1
+
+
+def _is_dcp_draft_extend(forward_batch) -> bool:
+    """A NextN draft's extend under DCP (EAGLE v2's ``prepare_for_draft_extend``): its queries are the verified
+    tokens, each reading the keys up to its own position, as a verify's draft tokens do."""
+    spec_info = forward_batch.spec_info
+    if not forward_batch.forward_mode.is_draft_extend_v2() or spec_info is None:
+        return False
+    return getattr(spec_info, "is_draft_input", lambda: False)() and _dcp()[0] > 1
+
+
+def is_split_pass(forward_batch) -> bool:
+    """A pass planned split under DCP: the target verify or a NextN draft's extend."""
+    mode = forward_batch.forward_mode
+    return mode.is_target_verify() or mode.is_draft_extend_v2()
 
 
 def _refuse(spec_info, translator) -> None:
@@ -155,6 +206,21 @@ def host_prefix_lens(forward_batch, bs: int):
     if seq_lens_cpu is not None and not dflash:
         return seq_lens_cpu[:bs].to(torch.int64)
     return forward_batch.seq_lens[:bs].to(torch.int64).cpu()
+
+
+def split_lengths(forward_batch, bs: int):
+    """Each request's committed prefix and its queries, on the host: a verify's draft tokens follow
+    :func:`host_prefix_lens`; a draft extend's ``num_tokens_per_req`` tokens end at ``seq_lens``, which the
+    batch already counts them in ("forward sees post-write length"), as its stock plan reads them."""
+    import torch
+
+    spec_info = forward_batch.spec_info
+    if forward_batch.forward_mode.is_target_verify():
+        return host_prefix_lens(forward_batch, bs), torch.full((bs,), int(spec_info.draft_token_num))
+    per_request = int(spec_info.num_tokens_per_req)
+    seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+    lens = (seq_lens_cpu if seq_lens_cpu is not None else forward_batch.seq_lens.cpu())[:bs].to(torch.int64)
+    return lens - per_request, torch.full((bs,), per_request)
 
 
 class SplitVerify:
@@ -209,9 +275,8 @@ def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
     kernel_check.ensure(backend, _module().BatchMLAPagedAttentionWrapper)
     dcp, rank = _dcp()
     bs = int(forward_batch.batch_size)
-    draft_tokens = int(spec_info.draft_token_num)
-    plan = dcp_verify.plan_split(host_prefix_lens(forward_batch, bs), torch.full((bs,), draft_tokens),
-                                 dcp_size=dcp, dcp_rank=rank)
+    prefix_lens, q_lens = split_lengths(forward_batch, bs)
+    plan = dcp_verify.plan_split(prefix_lens, q_lens, dcp_size=dcp, dcp_rank=rank)
     device = forward_batch.req_pool_indices.device
     pack = plan.device_pack()
     graph = split.graph
@@ -249,15 +314,24 @@ def plan_split_verify(backend, split: SplitVerify, forward_batch) -> None:
 
 
 def plan_verify_eager(original: Callable, self, forward_batch, *args, **kwargs):
-    """AROUND hook for ``FlashInferMLAAttnBackend.init_forward_metadata``: an eager verify under DCP is planned
-    split; every other batch is sglang's."""
+    """AROUND hook for ``FlashInferMLAAttnBackend.init_forward_metadata``: an eager verify under DCP, and a NextN
+    draft's extend under DCP, are planned split; every other batch is sglang's. The draft extend gets a wrapper
+    pair of its own (``_dcp_draft_extend``): the backend's paged prefill wrapper stays the plain extend's."""
     first_call()
-    if not _is_dcp_verify(forward_batch):
+    if _is_dcp_verify(forward_batch):
+        split = getattr(self.prefill_wrapper_verify, "_dcp_split", None)
+        if split is None:
+            window = _module().BatchMLAPagedAttentionWrapper(self.workspace_buffer, backend="auto")
+            split = SplitVerify(self.prefill_wrapper_verify, window)
+    elif _is_dcp_draft_extend(forward_batch):
+        split = getattr(self, "_dcp_draft_extend", None)
+        if split is None:
+            wrapper = _module().BatchMLAPagedAttentionWrapper
+            split = SplitVerify(wrapper(self.workspace_buffer, backend="auto"),
+                                wrapper(self.workspace_buffer, backend="auto"))
+            self._dcp_draft_extend = split
+    else:
         return original(self, forward_batch, *args, **kwargs)
-    split = getattr(self.prefill_wrapper_verify, "_dcp_split", None)
-    if split is None:
-        window = _module().BatchMLAPagedAttentionWrapper(self.workspace_buffer, backend="auto")
-        split = SplitVerify(self.prefill_wrapper_verify, window)
     plan_split_verify(self, split, forward_batch)
     self.forward_metadata = _module().PrefillMetadata(split.prefix, False)
     return None
@@ -307,11 +381,12 @@ def plan_verify_graph(original: Callable, self, forward_batch, in_capture: bool 
 
 def verify_with_lse(original: Callable, self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                     q_rope=None, k_rope=None, *args, **kwargs):
-    """AROUND hook for ``FlashInferMLAAttnBackend.forward_extend``: a verify under DCP returns ``(out, lse)``."""
+    """AROUND hook for ``FlashInferMLAAttnBackend.forward_extend``: a verify, or a NextN draft's extend, planned
+    split under DCP returns ``(out, lse)``."""
     first_call()
     wrapper = getattr(self.forward_metadata, "prefill_wrapper", None)
     split = getattr(wrapper, "_dcp_split", None)
-    if not (forward_batch.forward_mode.is_target_verify() and split is not None and _dcp()[0] > 1):
+    if not (is_split_pass(forward_batch) and split is not None and _dcp()[0] > 1):
         return original(self, q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, *args, **kwargs)
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -335,6 +410,19 @@ def verify_with_lse(original: Callable, self, q, k, v, layer, forward_batch, sav
     window_out, window_lse = split.window.run(q, q_rope, ckv, kpe, out=q.new_empty(q.shape), return_lse=True)
     out, lse = merge(prefix_out, prefix_lse, window_out, window_lse, split.meta)
     return out.view(-1, heads * dv), lse
+
+
+def plan_draft_decode(original: Callable, self, wrapper, paged_kernel_lens, paged_kernel_lens_sum, q_indptr,
+                      kv_indptr, init_metadata_replay: bool = False, spec_info=None, *args, **kwargs):
+    """AROUND hook for ``FlashInferMLAIndicesUpdaterDecode.call_begin_forward``: under DCP a draft decode (a
+    draft input's ids) is planned as the eager draft decode plans it, by sglang's own DCP decode plan over
+    ``req_to_token``. The replay plans into the buffer its graph was captured on, on the host lengths sglang's
+    ``_apply_cuda_graph_metadata`` already made this rank's."""
+    first_call()
+    if spec_info is not None and getattr(spec_info, "is_draft_input", lambda: False)() and _dcp()[0] > 1:
+        spec_info = None
+    return original(self, wrapper, paged_kernel_lens, paged_kernel_lens_sum, q_indptr, kv_indptr,
+                    init_metadata_replay, spec_info, *args, **kwargs)
 
 
 def same_verdict(original: Callable | None = None) -> Finding:
@@ -365,8 +453,18 @@ HOOKS = (
     Hook(
         module=MODULE, target=FORWARD, judge=same_verdict, hook=verify_with_lse,
         stage=FORWARD_STAGE,
-        does="runs a verify's two sides under DCP and returns their merge, (out, lse), the neutral partial for a "
-             "query this rank holds no key of",
+        does="runs a verify's (or a NextN draft extend's) two sides under DCP and returns their merge, (out, lse), "
+             "the neutral partial for a query this rank holds no key of",
         why=_VERIFY_WHY, upstream=_VERIFY_UPSTREAM, drop_when=_VERIFY_DROP, series_patch="upstream-next/0012",
+    ),
+    Hook(
+        module=MODULE, target=DRAFT_DECODE, judge=draft_decode_verdict, hook=plan_draft_decode,
+        stage=FORWARD_STAGE,
+        does="plans a NextN draft decode under DCP, eager or a graph's replay, as the eager form plans it: this "
+             "rank's rows of req_to_token by sglang's DCP decode plan, translated on the device",
+        why="under DCP the draft decode graph hands flashinfer MLA the draft kernel's logical locs, untranslated, "
+            "so each rank reads other tokens' rows",
+        upstream="not yet sent (patches/upstream-next 0017; docs/upstreaming.md)",
+        drop_when="upstream plans the draft decode graph under DCP", series_patch="upstream-next/0017",
     ),
 )

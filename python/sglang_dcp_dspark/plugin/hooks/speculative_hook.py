@@ -24,10 +24,12 @@ Where the target verify on flashinfer MLA is planned split under DCP (the
 plugin's :mod:`.flashinfer_mla_backend` hooks apply to the release, or its
 code carries upstream-next 0012), the verify is judged on the map's readings
 with that fix (``passes.verify_evidence``): DSpark and external EAGLE/EAGLE3
-drafts are admitted there, as 0013 admits them; the target's own NextN layer
-as draft, an external MLA draft checkpoint (which sglang runs as it runs that
-layer: :func:`draft_uses_mla`) and a draft tree (topk > 1) are refused in
-0013's words. So is any speculative launch whose split verify would run on a
+drafts are admitted there, as 0013 admits them. The target's own NextN layer
+as draft is admitted where the map's readings with that fix show its own
+passes consistent too (the plugin's hooks plan them; the series' 0013 does
+not, and refuses it). An external MLA draft checkpoint (which sglang runs as
+it runs that layer: :func:`draft_uses_mla`) and a draft tree (topk > 1) are
+refused in 0013's words. So is any speculative launch whose split verify would run on a
 quantized KV pool (``--kv-cache-dtype`` fp8_e4m3, fp8_e5m2, ... as resolved:
 ``passes.kv_cache_refusal``), which the split verify is not proven on.
 """
