@@ -27,7 +27,13 @@ Per layer and rank (the first table):
   (DeepSeek-V3's): stock's own ``cuda_graph_kv_indices`` in its row, and what
   each other design adds to it, read off the buffers the step table binds.
 
-Per step (the second table), one rank's planning of a graph replay, at batch
+The NextN draft decode under DCP (the second table), rank 0 of dcp 8 in its
+CUDA-graph form, with the plugin's hooks, against stock's target decode under
+DCP on the same backend, counted by ``tools/emulation/mla/nextn_dcp.py
+--cost``: a layer's launches and full passes, and a replay's metadata (the
+step backends it plans, its launches, its plans).
+
+Per step (the third table), one rank's planning of a graph replay, at batch
 1, 8 and 64 x committed context 4K, 32K and 128K:
 
 - ``KV x``: KV tokens handed to the kernel over all 8 ranks' plans (stock's one
@@ -153,6 +159,25 @@ def start_harness() -> subprocess.Popen:
                "--control", "none,as-shipped", "--cost"]
     return subprocess.Popen(command, env=dict(os.environ, TRITON_INTERPRET="1"), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def start_draft_harness() -> subprocess.Popen:
+    """The NextN draft decode under DCP counted the same way (``tools/emulation/mla/nextn_dcp.py --cost``), against
+    stock's target decode under DCP on the same backend, rank 0 of dcp 8, CUDA-graph form."""
+    command = [sys.executable, str(REPO / "tools" / "emulation" / "mla" / "nextn_dcp.py"), "--fix", "plugin", "--cost"]
+    return subprocess.Popen(command, env=dict(os.environ, TRITON_INTERPRET="1"), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def draft_table(draft: dict) -> list[str]:
+    """One row per design: a layer's launches and full passes, and a step's graph replay (the step backends it
+    plans, its launches and its plans)."""
+    out = ["NextN draft decode under DCP, rank 0 of dcp 8, CUDA graph (tools/emulation/mla/nextn_dcp.py --cost):",
+           "design          layer launches  layer full passes  replay: backends  launches  plans"]
+    for r in draft["rows"]:
+        out.append(f"{r['design']:15} {r['layer_launches']:14} {r['layer_full_passes']:18} {r['backends']:17} "
+                   f"{r['replay_launches']:9}  {'+'.join(r['replay_plans']) or 'none'}")
+    return out
 
 
 def harness_counts(process: subprocess.Popen) -> dict:
@@ -800,7 +825,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     smoke = "--smoke" in argv
-    harness = start_harness()
+    harness, draft_harness = start_harness(), start_draft_harness()
     try:
         try:
             importlib.import_module("sglang.kernels.ops.attention.dcp_kernels")
@@ -823,10 +848,12 @@ def main(argv: list[str]) -> int:
         merges = {algorithm: merge_bytes(draft_tokens) for algorithm, draft_tokens in DRAFTS}
         importlib.import_module("sglang.srt.layers.attention.flashinfer_mla_backend")  # stock's fast replay plan
         counts = harness_counts(harness)  # waited for before anything is timed
+        draft = harness_counts(draft_harness)
     finally:
-        if harness.poll() is None:
-            harness.kill()
-            harness.communicate()
+        for process in (harness, draft_harness):
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     layers = {"release": counts["release"], "drafts": {}}
     for algorithm, draft_tokens in DRAFTS:
         designs = layer_designs(counts, algorithm)
@@ -840,14 +867,28 @@ def main(argv: list[str]) -> int:
     rows = [measure(backends[w], b, c, a, repeats=1 if smoke else (3 if b * c > 2**21 else 7),
                     fast_repeats=1 if smoke else FAST_REPEATS) for b, c, a, w in shapes]
     lines, ok = claims(layers, rows)
+    by = {r["design"]: r for r in draft["rows"]}
+    target, nextn = by["target decode"], by["draft decode"]
+    # A layer: at most stock's DCP decode + 2 launches. A replay: stock's decode replay per step backend, plus the
+    # draft kernel's own id build once, and the native scheduler alone.
+    layer = nextn["layer_launches"] <= target["layer_launches"] + 2
+    replay = (set(nextn["replay_plans"]) == {"fast"}
+              and nextn["replay_launches"] <= nextn["backends"] * target["replay_launches"] + 1)
+    lines.append(f"NextN draft decode, a layer: {nextn['layer_launches']} launches (stock's DCP decode: "
+                 f"{target['layer_launches']}, bound +2) -> {'met' if layer else 'NOT MET'}")
+    lines.append(f"NextN draft decode, a replay: {nextn['replay_launches']} launches, {nextn['backends']} step "
+                 f"backends (stock's decode: {target['replay_launches']} each), "
+                 f"{'+'.join(nextn['replay_plans'])} -> {'met' if replay else 'NOT MET'}")
+    ok &= layer and replay
     pin = sglang_pin()
     if "--json" in argv:
         print(json.dumps({"dcp": DCP, "heads": HEADS, "flashinfer": FLASHINFER, "sglang_pins_flashinfer": pin,
                           "notes": notes(layers["release"], pin), "layers": layers, "steps": rows,
+                          "draft_decode": draft["rows"],
                           "claims": lines, "claims_met": ok}))
     else:
-        print("\n".join(layer_table(layers) + [""] + step_table(rows) + notes(layers["release"], pin) + [""]
-                        + lines))
+        print("\n".join(layer_table(layers) + [""] + draft_table(draft) + [""] + step_table(rows)
+                        + notes(layers["release"], pin) + [""] + lines))
     return 0 if ok or smoke else 1
 
 

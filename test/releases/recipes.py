@@ -2,7 +2,9 @@
 
 The launch is the README's own (DeepSeek-V3 + DSPARK at --tp 8 --dcp-size 8 with HiCache, no --attention-backend),
 judged with the plugin as an operator runs it, on an 8 x H200 and an 8 x B200 node, and beside it preflight's
-embedded default (the same launch with --attention-backend cutedsl_mla on 8 x B200: PR #35221's validated shape). A cell is the verdict as it
+embedded default (the same launch with --attention-backend cutedsl_mla on 8 x B200: PR #35221's validated shape) and
+the same launch with DeepSeek-V3's own MTP layer as draft (--speculative-algorithm NEXTN, no draft path) on 8 x H200,
+with and without HiCache. A cell is the verdict as it
 is, or, where it does not pass, the change preflight names and the verdict preflight gave that changed launch
 (it judges the advice itself). One row per release tree, as docs/preflight.md's release table (``table.py``);
 every tree's test run checks its own row (test_docs.py), ``--write`` recomputes them all.
@@ -26,21 +28,26 @@ REPO = HERE.parents[1]
 
 NAME = "recipes"
 NODES = ("NVIDIA H200", "NVIDIA B200")
-HEADER = ("| sglang | on 8 x H200 | on 8 x B200 | embedded default (8 x B200, cutedsl_mla) |\n|---|---|---|---|\n")
+HEADER = ("| sglang | on 8 x H200 | on 8 x B200 | embedded default (8 x B200, cutedsl_mla) | NEXTN on 8 x H200 | "
+          "NEXTN on 8 x H200, no HiCache |\n|---|---|---|---|---|---|\n")
 LABELS = [label for label, t in TREES.items() if ("test/releases" in t.test_dirs or label == "stock")]
 
 
-def cell(node: str | None) -> str:
-    """The headline launch on ``node``; None: preflight's embedded default (PR #35221's validated shape)."""
+def cell(node: str | None, draft: str = "DSPARK", hicache: bool = True) -> str:
+    """The headline launch on ``node``; None: preflight's embedded default (PR #35221's validated shape). ``draft``
+    NEXTN: DeepSeek-V3's own MTP layer as draft in DSPARK's place; ``hicache`` False: without
+    --enable-hierarchical-cache."""
     import contextlib
     import io
 
     from sglang_dcp_dspark.__main__ import main
     from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
 
+    speculative = (["--speculative-algorithm", "NEXTN"] if draft == "NEXTN" else
+                   ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(DEFAULT_DRAFT)])
     argv = ["preflight", "--json", "--gpu-name", node, "--device-rows", "400000", "--", "--model-path",
-            str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8", "--enable-hierarchical-cache",
-            "--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(DEFAULT_DRAFT)]
+            str(DEFAULT_MODEL), "--tp", "8", "--dcp-size", "8",
+            *(["--enable-hierarchical-cache"] if hicache else []), *speculative]
     if node is None:
         argv = ["preflight", "--json"]
     out = io.StringIO()
@@ -63,7 +70,9 @@ def row() -> str:
 
         applied = applied_series()
         name = installed_sglang_version() + (" + " + ", ".join(applied) if applied else "")
-        return f"| {name} | " + " | ".join(cell(node) for node in (*NODES, None)) + " |"
+        cells = [cell(node) for node in (*NODES, None)]
+        cells += [cell(NODES[0], "NEXTN"), cell(NODES[0], "NEXTN", hicache=False)]
+        return f"| {name} | " + " | ".join(cells) + " |"
     finally:
         os.environ.update(env)
 
