@@ -126,7 +126,7 @@ class Judgement:
     evidence: str = ""  # a fix the judgement counts on (the verify under DCP), and how it was proven
     refused_kv: str = ""  # the quantized --kv-cache-dtype its split verify would run on (kv_cache_refusal refuses it)
     fixed_by: str = ""  # who carries the split verify the judgement counts on (a VERIFY_FIXES key), if any
-    fixes_draft: bool = False  # that carrier plans the NextN draft's own passes under DCP too (the plugin)
+    fixes_draft: bool = False  # that carrier plans the NextN draft's own passes under DCP too (DRAFT_FIXES)
 
     @property
     def kernel_checked(self) -> bool:
@@ -270,6 +270,8 @@ def broken_kinds(release: str) -> tuple[str, ...]:
 # readings with it (``verify_fixed``, generated with ``python -m emulation.passmap --fix plugin|upstream-next``).
 VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
 VERIFY_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": "upstream-next 0012"}
+# And who carries the NextN draft's own passes under DCP there with it.
+DRAFT_FIXES = {"plugin": "the plugin's flashinfer MLA hooks", "upstream-next": "upstream-next 0012 and 0017"}
 
 
 # Blackwell's MLA backends hand their DCP reads to one flashinfer kernel; the map runs them on an oracle of its
@@ -298,8 +300,9 @@ def verify_evidence(fix: str, draft: bool = False) -> str:
     what = "the verify" + (" and the NextN draft's decode and extend" if draft else "")
     how = ("the prefix planned once per request, the draft window per token, merged across ranks"
            + ("; the draft decode as its eager form plans it" if draft else ""))
-    return (f"{what} on flashinfer under DCP {'are' if draft else 'is'} fixed by {VERIFY_FIXES[fix]}: {how}; proven on "
-            "CPU within 1e-5 of one rank, not yet on a GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)")
+    who = DRAFT_FIXES[fix] if draft else VERIFY_FIXES[fix]
+    return (f"{what} on flashinfer under DCP {'are' if draft else 'is'} fixed by {who}: {how}; proven on CPU within "
+            "1e-5 of one rank, not yet on a GPU (sglang-dcp-dspark's docs/verify-under-dcp.md)")
 
 
 def _fixed_verify(cases: list[dict], release: str, fix: str) -> tuple[list[dict], bool, bool]:

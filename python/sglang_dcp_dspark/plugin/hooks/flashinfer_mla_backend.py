@@ -35,11 +35,12 @@ on this backend, on the same striped pool:
 
 Before its first verify under DCP, a process checks the kernel it will run
 (:mod:`..kernel_check`). patches/upstream-next 0012 makes the same change in
-sglang's module, and 0017 the NextN draft's. Every other batch goes to sglang's own code unchanged. The
-three are judged together on the code they patch: the verify of 0.5.22 and
-0.5.23 (a plan-bound ``call_begin_forward``, graph-keyed verify wrappers, a
-``forward_extend`` that never asks for the LSE); 0.5.19 to 0.5.21 plan the
-verify another way and are left alone. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
+sglang's module, and 0017 the NextN draft's. Every other batch goes to
+sglang's own code unchanged. The verify's three hooks are judged together on
+the code they patch: the verify of 0.5.22 and 0.5.23 (a plan-bound
+``call_begin_forward``, graph-keyed verify wrappers, a ``forward_extend`` that
+never asks for the LSE); 0.5.19 to 0.5.21 plan the verify another way and are
+left alone, and so is their draft decode. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
 turns them off with the rest of the plugin.
 """
 
@@ -460,8 +461,8 @@ HOOKS = (
     Hook(
         module=MODULE, target=DRAFT_DECODE, judge=draft_decode_verdict, hook=plan_draft_decode,
         stage=FORWARD_STAGE,
-        does="plans a NextN draft decode under DCP, eager or a graph's replay, as the eager form plans it: this "
-             "rank's rows of req_to_token by sglang's DCP decode plan, translated on the device",
+        does="plans a NextN draft decode graph under DCP (its capture and each replay) as the eager form plans "
+             "it: this rank's rows of req_to_token by sglang's DCP decode plan, translated on the device",
         why="under DCP the draft decode graph hands flashinfer MLA the draft kernel's logical locs, untranslated, "
             "so each rank reads other tokens' rows",
         upstream="not yet sent (patches/upstream-next 0017; docs/upstreaming.md)",
