@@ -19,17 +19,17 @@ VERIFY_PASSES = ("TARGET_VERIFY_GRAPH", "TARGET_VERIFY_EAGER")
 # 0017). The eager draft decode is sglang's own DCP decode plan, untouched.
 NEXTN_DRAFT_PASSES = ("DRAFT_DECODE_GRAPH", "DRAFT_EXTEND")
 DRAFT_FIXES = FIXES
+PLAN_HOOK = f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata"
+# The kernel check each carrier runs before its first verify under DCP: the map runs no kernel (its wrappers record
+# what they are handed), so the check is left to tools/emulation/mla/verify_dcp.py, which runs the oracle.
+KERNEL_CHECKS = (("sglang_dcp_dspark.plugin.kernel_check", "ensure"),
+                 ("sglang.srt.layers.dcp.split_verify", "ensure_dcp_verify_kernel_checked"))
 
 
 def fixed_passes(fix: str, algorithm: str) -> tuple[str, ...]:
     """The passes ``fix`` plans for a case of ``algorithm``: the verify, and NEXTN's draft passes where it carries
     them."""
     return VERIFY_PASSES + (NEXTN_DRAFT_PASSES if algorithm == "NEXTN" and fix in DRAFT_FIXES else ())
-PLAN_HOOK = f"{FMB}.FlashInferMLAAttnBackend.init_forward_metadata"
-# The kernel check each carrier runs before its first verify under DCP: the map runs no kernel (its wrappers record
-# what they are handed), so the check is left to tools/emulation/mla/verify_dcp.py, which runs the oracle.
-KERNEL_CHECKS = (("sglang_dcp_dspark.plugin.kernel_check", "ensure"),
-                 ("sglang.srt.layers.dcp.split_verify", "ensure_dcp_verify_kernel_checked"))
 
 
 @contextlib.contextmanager
@@ -82,8 +82,8 @@ def fixed_records(fix: str) -> list[dict]:
 def fixed_where(fix: str, name: str, stock: str) -> str:
     """The path the verify takes with ``fix`` in effect, which the stock case's ``where`` does not describe: the
     split plan from the hooked (or patched) metadata entry down to the two wrappers' plans. The plan the batch is
-    bound to (the ``[plan: ...]`` tail) stays the stock case's. NEXTN's draft passes with the plugin: its draft
-    decode through the hooked decode updater, its draft extend through the split plan."""
+    bound to (the ``[plan: ...]`` tail) stays the stock case's. NEXTN's draft passes: its draft decode through the
+    decode updater (the plugin's hook, or 0017's code), its draft extend through the split plan."""
     plan = stock[stock.rindex(" [plan: "):] if " [plan: " in stock else ""
     hooks = "sglang_dcp_dspark.plugin.hooks.flashinfer_mla_backend"
     if name == "DRAFT_DECODE_GRAPH":
