@@ -66,3 +66,24 @@ def test_draft_rows_control_is_caught(control):
     assert check in message and "wrong rows: the load-back wrote draft rows " in message, message
     if not byte_check or not shift:
         assert "the draft attention's read path reads them at rows " in message, message
+
+
+# The launch each measured pair stands for, as the HiCache gate's facts (passes.draft_host_layout) read it.
+GATE_FACTS = {
+    ("packed", "striped", "mla"): dict(algorithm="NEXTN", own_layer=True, draft_mla=False, draft_backend=None),
+    ("sidecar", "replicated", "mha"): dict(algorithm="EAGLE3", own_layer=False, draft_mla=False, draft_backend=None),
+    ("sidecar", "striped", "mla"): dict(algorithm="EAGLE", own_layer=False, draft_mla=True, draft_backend=None),
+}
+
+
+@pytest.mark.parametrize("pair", [p for p in matrix.DRAFT_PAIRS if p[:3] in GATE_FACTS], ids=lambda p: "-".join(p[:3]))
+def test_the_hicache_gate_admits_exactly_the_pairs_the_data_path_fits(pair):
+    """The gate under DCP + HiCache (the plugin's hook, upstream-next 0020) decides from a launch's facts; each
+    decision is the measured verdict of the pair that launch builds (the counterfactual pair no launch builds)."""
+    from sglang_dcp_dspark import passes
+
+    plan_, layout, draft, _, fits = pair
+    facts = GATE_FACTS[(plan_, layout, draft)]
+    assert passes.draft_host_layout(target_backend="flashinfer", **facts) == (plan_.upper(), layout)
+    refused = passes.hicache_draft_refusal_of(dcp=8, hicache=True, target_backend="flashinfer", **facts)
+    assert (refused is None) == fits, refused

@@ -81,6 +81,21 @@ def test_gate_admits_only_dspark_under_dcp(measured):
         assert row["gate"] == want, (row["launch"], row["dcp"])
 
 
+def test_the_gate_with_the_fix_admits_exactly_the_launches_whose_round_trip_fits(measured):
+    """The plugin's hook on the same gate (upstream-next 0020 decides the same) admits a launch under DCP + HiCache
+    where its measured round trip fits, and refuses it where the draft's rows come back wrong. The counterfactual
+    replicated NextN pool no launch builds: its gate admits the NextN layer, and the plan check at cache build
+    stops that pool (test/upstream_next/test_speculative.py)."""
+    for row in rows(measured):
+        if row["launch"] in COUNTERFACTUAL:
+            assert row["gate_fixed"] == "admitted" and not row["fits"], row["launch"]
+            continue
+        assert (row["gate_fixed"] == "admitted") is row["fits"], (row["launch"], row["dcp"], row["gate_fixed"])
+    # And it is a change: stock's gate refuses every one of them under DCP but DSPARK's.
+    changed = [r for r in rows(measured) if r["gate"] != r["gate_fixed"] and r["launch"] not in COUNTERFACTUAL]
+    assert {r["launch"] for r in changed} == {MLA_DRAFTS[0], *PLAIN_MHA} - {DSPARK_DENSE}, changed
+
+
 def test_draft_device_pool_spans_the_widened_loc_space(measured):
     for row in rows(measured):
         dcp = row["dcp"]

@@ -175,7 +175,8 @@ def test_every_entry_names_its_stage_and_preflight_reads_the_resolution_modules_
     assert all(h.stage for h in hooks.HOOKS)
     # Table order; the argument-resolution modules of every release the table covers.
     assert hooks.modules(hooks.RESOLUTION_STAGE) == (
-        "sglang.srt.server_args", "sglang.srt.arg_groups.overrides", "sglang.srt.arg_groups.speculative_hook")
+        "sglang.srt.server_args", "sglang.srt.arg_groups.hicache_hook", "sglang.srt.arg_groups.overrides",
+        "sglang.srt.arg_groups.speculative_hook")
     assert releases.Release.resolution_modules() == hooks.modules(hooks.RESOLUTION_STAGE)
     assert hooks.modules() == tuple(dict.fromkeys(h.module for h in hooks.HOOKS))
 

@@ -520,7 +520,7 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
     # every process pays for this much only, and none of it imports sglang or torch.
     carriers = {f"sglang_dcp_dspark.plugin.hooks.{name}" for name in (
         "common", "entry", "server_args", "kv_cache_builder", "scheduler", "hybrid_pool_assembler", "hicache_auto_size",
-        "overrides", "speculative_hook", "flashinfer_mla_backend", "forward_mla")}
+        "hicache_hook", "overrides", "speculative_hook", "flashinfer_mla_backend", "forward_mla")}
     assert ours == {
         "sglang_dcp_dspark", "sglang_dcp_dspark.plugin", "sglang_dcp_dspark.plugin.switch", "sglang_dcp_dspark.plugin.hooks",
         "sglang_dcp_dspark.plugin.decisions", "sglang_dcp_dspark.core", "sglang_dcp_dspark.core.rules", *carriers,
@@ -533,11 +533,12 @@ def test_the_runtime_plugin_imports_only_what_a_launch_needs():
 def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
     """One table for register() and preflight: each hook names the sglang module, its judge and hook, and the patch."""
     from sglang_dcp_dspark.plugin.hooks import hicache_auto_size, hybrid_pool_assembler, speculative_hook
+    from sglang_dcp_dspark.plugin.hooks import hicache_hook as hicache_gate
 
     assert [h.target for h in hooks.HOOKS] == [
         server_args_hooks.RESOLVER, server_args_hooks.DEFAULT_BACKEND, kv_cache_hooks.DRAFT_REGISTRATION,
         scheduler_hooks.INIT_MEMORY_POOLS, assembler_hooks.KV_ONLY_STACK, assembler_hooks.KV_ONLY_GROUP,
-        assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE,
+        assembler_hooks.FULL_DRAFT_POOLS, auto_size_hooks.DRAFT_BYTES, auto_size_hooks.ESTIMATE, hicache_gate.GATE,
         overrides_hooks.DEFAULT_BACKEND, speculative_hooks.SPECULATIVE, verify_hooks.METADATA, verify_hooks.GRAPH, verify_hooks.FORWARD,
         verify_hooks.DRAFT_DECODE, phase_hooks.PHASE,
     ]
@@ -546,14 +547,14 @@ def test_every_table_entry_resolves_to_its_carrier_and_a_series_patch():
         kv_cache_hooks.size_draft_from_logical, scheduler_hooks.count_draft_in_budget,
         hybrid_pool_assembler.count_sidecar_in_budget, hybrid_pool_assembler.size_target_from_share,
         hybrid_pool_assembler.guard_sidecar, hicache_auto_size.price_logical_rows, hicache_auto_size.note_sidecar_drafts,
-        overrides_hooks.pick_flashinfer_under_dcp, speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
+        hicache_gate.admit_proven_drafts, overrides_hooks.pick_flashinfer_under_dcp, speculative_hook.refuse_broken_passes, verify_hooks.plan_verify_eager, verify_hooks.plan_verify_graph,
         verify_hooks.verify_with_lse, verify_hooks.plan_draft_decode, phase_hooks.draft_extend_phase,
     ]
     assert [h.judge for h in hooks.HOOKS] == [
         server_args_hooks.resolver_verdict, server_args_hooks.default_verdict, kv_cache_hooks.registration_verdict,
         scheduler_hooks.budget_verdict, hybrid_pool_assembler.budget_verdict, hybrid_pool_assembler.group_verdict,
         hybrid_pool_assembler.guard_verdict, hicache_auto_size.auto_size_verdict, hicache_auto_size.estimate_verdict,
-        overrides_hooks.default_verdict, speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
+        hicache_gate.gate_verdict, overrides_hooks.default_verdict, speculative_hook.passes_verdict, verify_hooks.verify_verdict, verify_hooks.same_verdict,
         verify_hooks.same_verdict, verify_hooks.draft_decode_verdict, phase_hooks.phase_verdict,
     ]
     for h in hooks.HOOKS:

@@ -32,6 +32,7 @@ ASSEMBLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 STACK, GROUP, SIDECAR = f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group", f"{ASSEMBLER}.build_full_draft_pools"
 AUTO_SIZE = "sglang.srt.mem_cache.hicache_auto_size._draft_bytes"
 ESTIMATE = "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"
+HICACHE_GATE = "sglang.srt.arg_groups.hicache_hook.resolve_hicache_dcp_compatibility"
 # The backend pick under DCP on Hopper: ServerArgs' own method up to 0.5.18, arg_groups.overrides' from 0.5.19.
 PICK, OVERRIDES_PICK = "sglang.srt.server_args.ServerArgs._get_default_attn_backend", "sglang.srt.arg_groups.overrides.get_default_attn_backend"
 PICKED = "under DCP sglang picks fa3 for an MLA model on Hopper, which has no DCP code"
@@ -84,6 +85,7 @@ EXPECTED = {
         f"dcp_dspark: hooked {SIDECAR}: a draft sidecar of 256 rows for 288 logical slots builds without complaint; the hook stops startup",
         f"dcp_dspark: hooked {AUTO_SIZE}: the estimate prices the draft sidecar at the target's physical rows (92160 bytes for 2x as many at dcp 2)",
         f"dcp_dspark: hooked {ESTIMATE}: follows _draft_bytes: ",
+        f"dcp_dspark: hooked {HICACHE_GATE}: the gate refuses every draft but DSPARK under DCP + HiCache",
         f"dcp_dspark: hooked {OVERRIDES_PICK}: {PICKED}",
     ],
 }

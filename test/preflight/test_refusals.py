@@ -63,6 +63,9 @@ def test_a_dcp_size_below_one_is_dropped():
     (["--enable-hierarchical-cache", "--hicache-storage-backend", "file"], True, "0.5.23",
      "--hicache-storage-backend file under DCP"),
     (["--enable-hierarchical-cache"], False, "0.5.23", "HiCache under DCP for a dense model"),
+    # sglang's gate refuses these before any draft: named, so the change tried first drops that flag alone
+    (["--enable-hierarchical-cache", "--enable-lmcache", "--speculative-algorithm", "EAGLE3"], True, "0.5.23",
+     "LMCache under DCP"),
     (["--enable-hierarchical-cache", "--speculative-algorithm", "EAGLE3"], True, "0.5.23", "HiCache under DCP with EAGLE3"),
     # 0.5.17 refuses every draft under DCP + HiCache; from 0.5.18 (the upstream fix) DSPARK's is admitted
     (["--enable-hierarchical-cache", "--speculative-algorithm", "DSPARK"], True, "0.5.17", "HiCache under DCP with DSPARK"),
@@ -73,6 +76,8 @@ def test_sglangs_hicache_gates_are_named_by_the_launchs_facts(argv, mla, version
     found = refusals.hicache_gate("sglang " + version, SAYS_NOTHING, inputs.parse_launch([*BASE, *argv]), mla=mla,
                                   version=version)
     assert found.what == what and found.message == SAYS_NOTHING
+    if what == "LMCache under DCP":
+        assert [c.words for c in found.fixes] == ["drop --enable-lmcache"]
 
 
 def test_the_plugins_check_is_read_as_it_decided():

@@ -33,7 +33,7 @@ import pytest
 from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.plugin import hooks
 from sglang_dcp_dspark.preflight.check import DEFAULT_DRAFT, DEFAULT_MODEL
-from tree_table import TREES
+from tree_table import TREES, VERSIONS
 from trees import TREE
 
 from .conftest import preflight
@@ -244,3 +244,63 @@ def test_nextn_on_flashinfer_passes_where_the_fix_plans_its_draft_passes_too():
     judged = {p["name"]: p["verdict"] for p in report["passes"]["passes"]}
     assert set(judged) >= {"DRAFT_DECODE_GRAPH", "DRAFT_EXTEND", "TARGET_VERIFY_GRAPH"}, judged
     assert set(judged.values()) == {"consistent"}, judged
+
+
+# The trees whose HiCache gate decides an EAGLE-family draft under DCP by its layout: 0.5.23 with the plugin's
+# hook (its plan check needs 0.5.23's CacheInitParams), or with upstream-next 0020.
+HICACHE_TREES = tuple(label for label, t in TREES.items() if t.sglang == VERSIONS["next"])
+EAGLE3_DRAFT = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
+                str(Path(__file__).parents[1] / "data" / "public" / "kimi-k2.5-eagle3")]
+
+
+def _pools(report: dict) -> dict[str, dict]:
+    return {pool["name"]: pool for pool in report["sizing"]["pools"]}
+
+
+def test_drafts_under_dcp_and_hicache_pass_where_their_host_pool_fits():
+    """DeepSeek-V3 at --tp 8 --dcp-size 8 with --enable-hierarchical-cache on an emulated H200, no backend named:
+    the NextN draft (packed into the target's host pool) and a dense EAGLE3 draft (replicated, in a sidecar at the
+    target's logical slots) PASS where the gate decides a draft by its layout, their host pools sized and counted;
+    the same EAGLE3 draft on triton (striped, in a sidecar) is refused in one line naming the draft's backend, and
+    dropping that flag is the advice. Elsewhere, and on stock 0.5.23 with the plugin off, sglang's gate refuses
+    every draft but DSPARK."""
+    hicache = [*PLAIN, "--enable-hierarchical-cache"]
+    nextn = [*hicache, "--speculative-algorithm", "NEXTN"]
+    if TREE not in HICACHE_TREES:
+        code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *nextn)
+        assert code == 1 and "refuses HiCache under DCP with NEXTN" in _line(report), _line(report)
+        return
+    if TREE not in SERIES_TREES:  # the control: stock 0.5.23's own gate
+        code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *nextn, env=OFF)
+        assert code == 1 and _line(report).endswith("sglang 0.5.23 refuses HiCache under DCP with NEXTN"), _line(report)
+    short = "upstream-next" if TREE in SERIES_TREES else "the plugin"
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *nextn)
+    assert code == 0 and f"fixed by {short}" in _line(report), _line(report)
+    assert set(p["verdict"] for p in report["passes"]["passes"]) == {"consistent"}, report["passes"]
+    assert report["sizing"]["draft_plan"] == "PACKED"
+    # The NextN layer rides in the target's host rows: 62 layers of 576 bf16 values per token, not 61.
+    assert _pools(report)["target KV + packed draft layers"]["bytes_per_token"] == 62 * 576 * 2
+    # The sidecar counted in --hicache-size (the NextN launch above was auto-sized): both pools within 20 GB a rank.
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *hicache, *EAGLE3_DRAFT,
+                                "--hicache-size", "20")
+    assert code == 0 and "PASSES" in _line(report), _line(report)
+    sidecar = _pools(report)["draft sidecar"]
+    assert report["sizing"]["draft_plan"] == "SIDECAR" and sidecar["rows"] == sidecar["logical_slots"], sidecar
+    assert sidecar["logical_slots"] == _pools(report)["target KV"]["logical_slots"]
+    needed = report["sizing"]["host_ram"]["needed_per_rank"]
+    slack = 2 * max(p["page_size"] * p["bytes_per_token"] for p in _pools(report).values())  # page alignment
+    assert sidecar["bytes"] + _pools(report)["target KV"]["bytes"] <= needed <= 20 * 10**9 + slack, needed
+    # And in sglang's auto-sizing: on a 200 GiB node the ratio shrinks so that both fit (stock prices the sidecar
+    # at 1/dcp of its rows and stops at startup, short of host memory).
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--host-ram-gib", "200", "--",
+                                *hicache, *EAGLE3_DRAFT)
+    sizing = report["sizing"]
+    assert code == 0 and sizing["host_ram"]["fits"] and sizing["hicache_ratio"] < sizing["auto_sized_from"], sizing
+    assert "draft sidecar" in _pools(report)
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *hicache, *EAGLE3_DRAFT,
+                                "--speculative-draft-attention-backend", "triton")
+    assert code == 1 and _line(report).endswith(f"{short} refuses HiCache under DCP for EAGLE3's draft on triton"), \
+        _line(report)
+    assert "striped over the DCP ranks" in report["verdict"]["message"] and "\n" not in report["verdict"]["message"]
+    assert _change(report).startswith("drop --speculative-draft-attention-backend triton: PASSES (exit 0)"), \
+        _change(report)

@@ -17,6 +17,7 @@ from sglang_dcp_dspark import passes
 from sglang_dcp_dspark.core.compat import locate_tree, parse_version
 from sglang_dcp_dspark.plugin import hooks
 from sglang_dcp_dspark.plugin.hooks import forward_mla as phase_hooks
+from sglang_dcp_dspark.plugin.hooks import hicache_hook as hicache_gate_hooks
 from sglang_dcp_dspark.plugin.hooks import kv_cache_builder as kv_cache_hooks
 from sglang_dcp_dspark.plugin.hooks import overrides as overrides_hooks
 from sglang_dcp_dspark.plugin.hooks import scheduler as scheduler_hooks
@@ -82,7 +83,8 @@ def test_what_each_hook_needs_on_this_release(verdicts):
             want |= {"sglang.srt.mem_cache.hicache_auto_size._draft_bytes",
                      "sglang.srt.mem_cache.hicache_auto_size._estimate_hicache_bytes"}
         if since("0.5.23"):
-            want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group"}
+            # The HiCache gate under DCP decides a draft by its layout where the plan check can follow it.
+            want |= {f"{ASSEMBLER}.build_kv_only_stack", f"{ASSEMBLER}.build_kv_only_group", hicache_gate_hooks.GATE}
         if since(hooks.VERIFY_FIX_SINCE):
             # The verify under DCP planned split: the flashinfer MLA verify of 0.5.22 and 0.5.23, with the NextN
             # draft's decode and extend, and the MLA forward that merges that extend.

@@ -65,8 +65,9 @@ def test_nextn_at_dcp_8_on_flashinfer_is_judged_on_the_passes_the_launch_runs(hi
 
     On flashinfer MLA (named: on the emulated H200 sglang would pick fa3): stock 0.5.23 admits it without HiCache
     (BROKEN PASS, exit 5), the line saying what its draft does and the details naming the verify and the draft's
-    passes. With the fix (the series' 0012 and 0017, the plugin's hooks) every pass it runs reads this rank's rows,
-    and it PASSES. sglang's HiCache gate refuses it under DCP on every tree (exit 1; lifting it is not done yet).
+    passes; with HiCache sglang's gate refuses it (exit 1). With the fix (the series' 0012, 0017 and 0020, the
+    plugin's hooks) every pass it runs reads this rank's rows, the NextN layer is packed into the target's host
+    pool, and it PASSES with and without HiCache.
     """
     code, report = preflight(*DCP8[:-1], *hicache, "--speculative-algorithm", "NEXTN", *FLASHINFER)
     line = report["verdict"]["line"]
@@ -81,10 +82,9 @@ def test_nextn_at_dcp_8_on_flashinfer_is_judged_on_the_passes_the_launch_runs(hi
             assert line.endswith("under DCP on flashinfer, the draft reads other tokens' KV"), line
         return
     assert set(verdicts.values()) == {"consistent"} and "DRAFT_EXTEND" in verdicts, verdicts
+    assert code == 0 and "fixed by" in line, line
     if hicache:
-        assert code == 1 and "HiCache under DCP with NEXTN" in line, line
-    else:
-        assert code == 0 and "fixed by" in line, line
+        assert report["sizing"]["draft_plan"] == "PACKED", report["sizing"]["draft_plan"]
 
 
 @pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
@@ -206,7 +206,8 @@ def _params(packed=(), sidecars=()):
 
 
 def test_the_plan_check_admits_a_striped_packed_draft_and_refuses_the_rest():
-    """The plugin's plan check (0009's rule) on sglang's own pools at dcp 2: each refusal is one line naming the pair."""
+    """The plugin's plan check (0009's rule, as 0020 narrows it) on sglang's own pools at dcp 2: each refusal is one
+    line naming the pair; a dense EAGLE-family draft in a sidecar passes where its backends keep it replicated."""
     from sglang.srt.runtime_context import get_context
 
     from sglang_dcp_dspark.core import sidecar
@@ -221,9 +222,20 @@ def test_the_plan_check_admits_a_striped_packed_draft_and_refuses_the_rest():
             check_draft_pools(_params(packed=[replicated]))
         assert "cannot pack this draft" in str(caught.value) and "\n" not in str(caught.value)
         for algorithm in ("EAGLE", "EAGLE3"):
+            # The MLA draft pool is striped (one row per 2 locs): its sidecar would restore other rows.
             with get_context().override_server_args(speculative_algorithm=algorithm), pytest.raises(NotImplementedError) as caught:
                 check_draft_pools(_params(sidecars=[pools.draft_device]))
             assert "cannot back this EAGLE draft up in a host pool of its own" in str(caught.value)
+            assert "(an MLA draft, one row per 2 locs)" in str(caught.value) and "\n" not in str(caught.value)
+        # A dense draft pool says nothing of DCP spans: the backends sglang resolved for the draft tell its layout
+        # (its own flag, else the target's).
+        dense = SimpleNamespace()
+        with get_context().override_server_args(speculative_algorithm="EAGLE3", attention_backend="flashinfer"):
+            check_draft_pools(_params(sidecars=[dense]))
+        with get_context().override_server_args(speculative_algorithm="EAGLE3", attention_backend="flashinfer",
+                                                 speculative_draft_attention_backend="triton"), \
+                pytest.raises(NotImplementedError, match="a dense draft on triton"):
+            check_draft_pools(_params(sidecars=[dense]))
         with get_context().override_server_args(speculative_algorithm="DSPARK"):
             check_draft_pools(_params(sidecars=[pools.draft_device]))
 

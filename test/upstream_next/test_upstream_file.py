@@ -37,13 +37,21 @@ FIX_TESTS = {
     # 0013: an external MLA draft checkpoint is told by its config (stock has no such question to ask).
     "TestDcpDraftPlans.test_an_mla_draft_checkpoint_is_told_by_its_config": "has no attribute '_draft_uses_mla'",
     "TestDcpDraftPlans.test_an_eagle_draft_sidecar_is_refused_under_dcp": "NotImplementedError not raised",
+    # 0020: the HiCache gate under DCP decides an EAGLE-family draft by its layout (stock's imports nothing it reads),
+    # and the plan check a dense draft's by its backends.
+    "TestDcpDraftPlans.test_the_hicache_gate_admits_the_drafts_whose_host_pool_fits": "does not have the attribute 'attention_backends_of'",
+    "TestDcpDraftPlans.test_the_hicache_gate_refuses_a_striped_draft_in_a_sidecar": "does not have the attribute 'attention_backends_of'",
+    "TestDcpDraftPlans.test_a_dense_draft_sidecar_fits_where_its_backend_replicates_it": "does not have the attribute 'get_spec'",
     "TestDcpDraftPlans.test_the_sharded_backup_refuses_a_packed_draft": "unknown ServerArgs field(s): ['hicache_draft_backup']",
     "TestDcpDraftPlans.test_the_sharded_backup_refuses_the_fused_plan_at_argument_time": "has no attribute 'resolve_hicache_draft_backup'",
 }
-TESTS_IN_FILE = 23
+TESTS_IN_FILE = 25
 # With the plugin: the sharded backup, which only the series carries. 0008's check is the plugin's, put in
 # sglang's module under 0008's name (hooks/speculative_hook.declare_check), so the series' test of it passes too.
 PLUGIN_DOES_NOT_CARRY = {name for name in FIX_TESTS if name.startswith("TestShardedDraftBackup.")} | {
+    # 0020's plan-check helper, called by name: the plugin's own (hooks/hybrid_pool_assembler.striped_sidecar) is
+    # tested in test/plugin/test_hicache_gate.py.
+    "TestDcpDraftPlans.test_a_dense_draft_sidecar_fits_where_its_backend_replicates_it",
     "TestDcpDraftPlans.test_the_sharded_backup_refuses_a_packed_draft",
     "TestDcpDraftPlans.test_the_sharded_backup_refuses_the_fused_plan_at_argument_time",
 }

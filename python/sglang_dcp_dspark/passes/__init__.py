@@ -726,3 +726,76 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         return Refusal(DSPARK_ON.format(dcp=dcp, backend=target_backend), what, target_backend)
     return Refusal(f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: "
                    f"{judged.broken[0].line()}.", what, target_backend)
+
+
+# ---------------------------------------------------------------- HiCache under DCP: which draft it backs up
+#
+# A draft's host pool restores the rows its forward reads only where its plan fits its device layout
+# (docs/draft-layouts.md, measured on 0.5.23 through the real HiCache data path):
+# - the target's own NextN layer is PACKED into the target's host pool, whose transfers translate both sides with the
+#   target's DCP indices: they fit its striped KV (loc L at row L // N on rank L % N);
+# - every other draft gets a host pool of its own (SIDECAR) at logical_size, untranslated: it fits a draft replicated
+#   on every rank (row = loc), which is what flashinfer's and fa3's MHA backends write, and not a striped one (an MLA
+#   checkpoint, or an MHA draft on triton).
+# The draft's own passes and the verify are judged apart (:func:`refusal_of`, with the reads after a load-back).
+REPLICATING_BACKENDS = ("flashinfer", "fa3")
+
+HICACHE_STRIPED_MLA = ("HiCache with --dcp-size {dcp} cannot back up an MLA draft checkpoint ({algorithm}): its KV is "
+                       "striped over the DCP ranks like the target's, and the host pool of its own it gets (the SIDECAR "
+                       "plan) has no DCP index translation, so a load-back restores other rows. Use "
+                       "--speculative-algorithm NEXTN, whose NextN layer is packed with the target's host pool.")
+HICACHE_STRIPED_MHA = ("HiCache with --dcp-size {dcp} cannot back up this {algorithm} draft on {backend}: {backend} "
+                       "writes the draft's KV striped over the DCP ranks (row loc // dcp_size), and the host pool of "
+                       "its own it gets (the SIDECAR plan) has no DCP index translation, so a load-back restores other "
+                       "rows. {use}")
+HICACHE_UNPROVEN_MHA = ("HiCache with --dcp-size {dcp} backs up an {algorithm} draft only where its layout is proven: "
+                        "replicated on flashinfer or fa3, or the target's own NextN layer packed with the target; its "
+                        "draft on {backend} is not. {use}")
+
+
+def draft_host_layout(algorithm: str | None, *, own_layer: bool, draft_mla: bool, draft_backend: str | None,
+                      target_backend: str | None) -> tuple[str, str]:
+    """The (plan, layout) a speculative draft gets under DCP + HiCache: ("PACKED", "striped") for the target's own
+    NextN layer, ("SIDECAR", "replicated" | "striped" | "unproven") for any other draft; ``draft_backend`` is the
+    --speculative-draft-attention-backend flag (None: the draft inherits ``target_backend``)."""
+    name = (algorithm or "").upper()
+    if name in NEXTN_ALIASES and own_layer:
+        return "PACKED", "striped"
+    if draft_mla and name in EAGLE_FAMILY:
+        return "SIDECAR", "striped"
+    backend = draft_backend or target_backend
+    if backend in REPLICATING_BACKENDS:
+        return "SIDECAR", "replicated"
+    return "SIDECAR", "striped" if backend == "triton" else "unproven"
+
+
+def hicache_draft_refusal_of(algorithm: str | None, *, dcp: int, hicache: bool, own_layer: bool, draft_mla: bool,
+                             draft_backend: str | None, target_backend: str | None,
+                             launched: str | None = None) -> Refusal | None:
+    """The refusal of an EAGLE-family draft under DCP + HiCache whose host pool would restore other rows than its
+    forward reads, or None (the gate's decision in the plugin and in upstream-next 0020). DSPARK is left to
+    sglang's own gate, which admits it; other algorithms are not EAGLE drafts."""
+    name = (algorithm or "").upper()
+    if dcp <= 1 or not hicache or name not in EAGLE_FAMILY:
+        return None
+    shown = (launched or name).upper()
+    plan, layout = draft_host_layout(name, own_layer=own_layer, draft_mla=draft_mla, draft_backend=draft_backend,
+                                     target_backend=target_backend)
+    if layout == "replicated" or plan == "PACKED":
+        return None
+    if draft_mla:
+        return Refusal(HICACHE_STRIPED_MLA.format(dcp=dcp, algorithm=shown), f"HiCache under DCP for {shown}'s MLA draft")
+    backend = draft_backend or target_backend or "the release's default backend"
+    words = HICACHE_STRIPED_MHA if layout == "striped" else HICACHE_UNPROVEN_MHA
+    what = f"HiCache under DCP for {shown}'s draft on {backend}"
+    # The smallest change that fits: the draft back on the target's backend where that one keeps it replicated
+    # (or is not known yet: preflight judges the changed launch), else flashinfer named for the draft.
+    if draft_backend is not None and target_backend in (None, *REPLICATING_BACKENDS):
+        use = (f"Drop --speculative-draft-attention-backend {draft_backend}: the draft then runs on the target's "
+               f"{target_backend or 'backend'}, which keeps it replicated.")
+        return Refusal(words.format(dcp=dcp, algorithm=shown, backend=backend, use=use), what, None,
+                       "--speculative-draft-attention-backend", draft_backend, ())
+    use = "Use --speculative-draft-attention-backend flashinfer, which keeps the draft replicated."
+    return Refusal(words.format(dcp=dcp, algorithm=shown, backend=backend, use=use), what, None,
+                   "--speculative-draft-attention-backend", draft_backend,
+                   ("--speculative-draft-attention-backend", "flashinfer"))

@@ -68,6 +68,16 @@ def _refused(release, res, stock, state, runs, configs, given, node, *, checked:
     words = text if "." not in text and ":" not in text else ""
     who = "the plugin" if hooked and stock.passed else f"sglang {release.version}"
     gate = refusals.input_gate(who, message, given, node=node)
+    # sglang's HiCache gate runs before its speculative check: where the plugin's hook (or upstream-next 0020)
+    # decides it, a draft whose host pool does not fit its layout is refused there first, after the gate's others
+    # (an L3 backend, LMCache, HiSparse, a dense target), which refuse the launch in sglang's words.
+    other_gates = (getattr(given, "hicache_storage_backend", None) or getattr(given, "enable_lmcache", False)
+                   or getattr(given, "enable_hisparse", False) or not models_mod.is_mla_config(configs.target))
+    gate_fix = hooks_mod.hicache_gate_fix(plugin_on=hooked) if gate is None and not other_gates else None
+    held = (resolution.hicache_refusal(runs, configs, launched=given.speculative_algorithm)
+            if gate_fix is not None else None)
+    if held is not None:
+        gate = refusals.of_check("the plugin" if gate_fix == "plugin" else applied[-1], message, held)
     found = (resolution.refusal(release, runs, configs, plugin_on=state.enabled, launched=given.speculative_algorithm)
              if gate is None and ((hooked and checked) or applied) else None)
     if gate is None and found is not None:

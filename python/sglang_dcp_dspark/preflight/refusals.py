@@ -73,8 +73,9 @@ def input_gate(who: str, message: str, given: argparse.Namespace, *, node) -> Re
 
 
 def hicache_gate(who: str, message: str, given: argparse.Namespace, *, mla: bool, version: str) -> Refusal:
-    """sglang's gates on HiCache under DCP (an L3 storage backend, a dense model, a draft other than DSPARK's on
-    releases from 0.5.18, any draft before), named by the launch's facts; else the refusal as sglang words it."""
+    """sglang's gates on HiCache under DCP (an L3 storage backend, a dense model, LMCache, HiSparse, a draft other
+    than DSPARK's on releases from 0.5.18, any draft before), named by the launch's facts; else the refusal as
+    sglang words it."""
     dcp = given.dcp_size if given.dcp_size is not None else 1
     algorithm = given.speculative_algorithm
     if dcp > 1 and given.enable_hierarchical_cache:
@@ -85,6 +86,9 @@ def hicache_gate(who: str, message: str, given: argparse.Namespace, *, mla: bool
                                          drop=("--hicache-storage-backend",)),))
         if not mla:
             return Refusal(who, "HiCache under DCP for a dense model", message)
+        for flag, name in (("--enable-lmcache", "LMCache"), ("--enable-hisparse", "HiSparse")):
+            if getattr(given, flag[2:].replace("-", "_"), False):
+                return Refusal(who, f"{name} under DCP", message, fixes=(Change(f"drop {flag}", drop_flags=(flag,)),))
         if algorithm and (algorithm != "DSPARK" or passes_mod.version_key(version) < (0, 5, 18)):
             return Refusal(who, f"HiCache under DCP with {algorithm}", message)
     return Refusal(who, "", message)

@@ -205,6 +205,15 @@ def judge_passes(release, launch: Runs, configs: Configs, *, plugin_on: bool = F
 # ---------------------------------------------------------------- the refusal, as facts
 
 
+def hicache_refusal(launch: Runs, configs: Configs, *, launched: str | None = None) -> passes_mod.Refusal | None:
+    """The refusal of an EAGLE-family draft under DCP + HiCache whose host pool does not fit its layout, by the
+    gate of the plugin (or of upstream-next 0020), decided from the facts that gate decides it from."""
+    return passes_mod.hicache_draft_refusal_of(
+        launch.algorithm, dcp=launch.dcp, hicache=launch.hicache, own_layer=launch.own_layer,
+        draft_mla=draft_mla(launch, configs), draft_backend=launch.draft_backend_flag, target_backend=launch.decode,
+        launched=launched)
+
+
 def refusal(release, launch: Runs, configs: Configs, *, plugin_on: bool,
             launched: str | None = None) -> passes_mod.Refusal | None:
     """The argument check's refusal of what the launch runs (the plugin's, or the series' on a tree that carries

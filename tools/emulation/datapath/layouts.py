@@ -170,6 +170,7 @@ class Row:
     algorithm: str  # as sglang resolves it (SpeculativeAlgorithm)
     dcp: int
     gate: str  # resolve_hicache_dcp_compatibility's answer
+    gate_fixed: str  # the same gate with the plugin's hook (upstream-next 0020 answers the same)
     plan: str
     pool_class: str
     pool_rows: int
@@ -302,6 +303,43 @@ def gate(launch: DraftLaunch, dcp: int) -> str:
         resolve_hicache_dcp_compatibility(record)
     except NotImplementedError:
         return "refused"
+    return "admitted"
+
+
+def gate_with_fix(launch: DraftLaunch, dcp: int) -> str:
+    """The same gate as the plugin runs it on stock 0.5.23 (its hook applied by ``hooks.in_effect``), which decides an
+    EAGLE-family draft by its layout (patches/upstream-next 0020 decides the same): the launch's own NextN layer
+    or an external draft, the draft's attention backend (triton where it is named, else the target's
+    flashinfer), and whether the draft checkpoint is MLA (its kind here, not a config read)."""
+    import contextlib
+
+    import sglang.srt.arg_groups.hicache_hook as module
+    import sglang.srt.arg_groups.speculative_hook as spec_module
+    from sglang.srt.configs.model_config import AttentionArch
+
+    from sglang_dcp_dspark.core import swap
+    from sglang_dcp_dspark.plugin import hooks
+    from sglang_dcp_dspark.plugin.hooks import hicache_hook, speculative_hook
+
+    own_layer = launch.algorithm == "NEXTN"
+    record = SimpleNamespace(
+        dcp_size=dcp, enable_hierarchical_cache=True, hicache_storage_backend=None, hicache_host_memory_mode=None,
+        speculative_algorithm=launch.algorithm, enable_lmcache=False, enable_hisparse=False,
+        _model_config=SimpleNamespace(attention_arch=AttentionArch.MLA), model_path="target",
+        speculative_draft_model_path=None if own_layer else "draft",
+        speculative_draft_attention_backend="triton" if launch.path == "mha-triton" else None,
+        attention_backend="flashinfer", prefill_attention_backend=None, decode_attention_backend=None,
+    )
+    is_mla = lambda cfg: launch.kind == "mla"  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(hooks.in_effect(hicache_hook.MODULE))
+        stack.enter_context(swap.attribute(speculative_hook, "draft_uses_mla", is_mla))
+        if hasattr(spec_module, speculative_hook.DRAFT_USES_MLA):  # declared there by the plugin or the series
+            stack.enter_context(swap.attribute(spec_module, speculative_hook.DRAFT_USES_MLA, is_mla))
+        try:
+            module.resolve_hicache_dcp_compatibility(record)
+        except NotImplementedError:
+            return "refused"
     return "admitted"
 
 
@@ -591,7 +629,8 @@ def measure_rank(launch: DraftLaunch, dcp: int, rank: int) -> tuple[Row, RankRes
         group, draft_host, extra_pools = host_stack(name, plan, packed, target, dcp)
         row = Row(
             launch=launch.label, algorithm=SpeculativeAlgorithm.from_string(launch.algorithm).name, dcp=dcp,
-            gate=gate(launch, dcp), plan=name, pool_class=type(draft).__name__, pool_rows=draft.size,
+            gate=gate(launch, dcp), gate_fixed=gate_with_fix(launch, dcp), plan=name,
+            pool_class=type(draft).__name__, pool_rows=draft.size,
             pool_page=draft.page_size, dcp_replicated=getattr(draft, "dcp_replicated", None),
             loc_space_scale=draft_cfg.loc_space_scale, host_pool=type(draft_host).__name__,
             host_rows=draft_host.size, host_logical=draft_host.logical_size, host_dcp_size=draft_host.dcp_size,
@@ -675,16 +714,18 @@ def host_cell(row: Row) -> str:
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| launch | dcp | 0.5.23 gate | plan | draft device pool (class, rows, page) | device layout (measured) "
+        "| launch | dcp | 0.5.23 gate | gate with the fix | plan | draft device pool (class, rows, page) "
+        "| device layout (measured) "
         "| read path returns the written bytes (rank 0 / last) | draft host pool (rows) "
         "| backup / load-back indices (measured) | verdict (measured round trip) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         repl = "" if row.dcp_replicated is None else f", dcp_replicated={row.dcp_replicated}"
         reads = " / ".join("n/a" if r.error else _yes(r.read_ok) for r in row.ranks)
         lines.append(
-            f"| {row.launch} | {row.dcp} | {row.gate} | {row.plan} | {row.pool_class}, {row.pool_rows}, "
+            f"| {row.launch} | {row.dcp} | {row.gate} | {row.gate_fixed} | {row.plan} | "
+            f"{row.pool_class}, {row.pool_rows}, "
             f"{row.pool_page}{repl} | {row.layout} | {reads} | {host_cell(row)} | {indices(row)} | {verdict(row)} |"
         )
     doors = sorted({r.mla_set_kv_buffer for row in rows if row.dcp > 1 for r in row.ranks if r.mla_set_kv_buffer})
@@ -701,7 +742,10 @@ def markdown(rows: list[Row]) -> str:
         f"up, scrubs the draft and loads them back into logical pages {LOAD_PAGES}; the verdict quotes the last rank's "
         f"first rows. Host pools: --hicache-ratio 2, {LAYOUT}, io backend {IO_BACKEND}. 'row = loc': dcp 1, where "
         "striped and replicated coincide. s: a host slot, L: a device loc, N: dcp; owned: s % N == rank. "
-        "0.5.23 gate: `arg_groups/hicache_hook.py::resolve_hicache_dcp_compatibility` on that launch. Draft configs: "
+        "0.5.23 gate: `arg_groups/hicache_hook.py::resolve_hicache_dcp_compatibility` on that launch; gate with the "
+        "fix: the same gate with the plugin's hook (`plugin/hooks/hicache_hook.py`; upstream-next 0020 decides the "
+        "same), the draft's backend triton where the row says so, else the target's flashinfer (the counterfactual "
+        "row's replicated pool is then stopped at cache build by the plan check, 0009). Draft configs: "
         + "; ".join(dict.fromkeys(
             f"{launch.algorithm} {launch.architecture} (num_nextn_predict_layers {launch.nextn_layers}): {launch.source}"
             for launch in launches())) + ".",

@@ -161,13 +161,14 @@ def budget_fits(tree: str) -> bool:
 DRAFT_PAIRS = (
     ("packed", "striped", "mla", "NEXTN/MTP: EAGLE with the target's own NextN layer", True),
     ("sidecar", "replicated", "mha", "an MHA draft on fa3/flashinfer", True),
-    ("sidecar", "striped", "mla", "an external MLA EAGLE draft (the project refuses it at launch)", False),
+    ("sidecar", "striped", "mla", "an external MLA EAGLE draft (the HiCache gate refuses it at launch)", False),
     ("packed", "replicated", "mla", "counterfactual: a replicated draft packed into the striped target pool", False),
 )
 # Where each pair runs: (dcp, rank) points, and whether the eviction stress runs there too.
 _PAIR_POINTS = {
     ("packed", "striped"): ([(d, r) for d in (2, 4, 8) for r in _ranks(d)], True),
-    ("sidecar", "replicated"): ([(2, 1), (8, 7)], False),
+    # The pairs the HiCache gate admits under DCP (the plugin's hook, upstream-next 0020) run the stress too.
+    ("sidecar", "replicated"): ([(2, 1), (8, 7)], True),
     ("sidecar", "striped"): ([(2, 1), (8, 7)], False),
     ("packed", "replicated"): ([(2, 1)], False),
 }

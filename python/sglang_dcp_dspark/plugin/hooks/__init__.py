@@ -4,7 +4,9 @@ vllm-ascend's layout. For sglang 0.5.17: ``server_args`` (the resolver),
 ``kv_cache_builder`` (the draft registration and its check-only guard hook),
 ``scheduler`` (the host-memory budget). For the draft sidecar of 0.5.19 and
 later: ``hybrid_pool_assembler`` (the budget and the guard) and
-``hicache_auto_size`` (the auto-size estimate). For speculative decoding
+``hicache_auto_size`` (the auto-size estimate); on 0.5.23 ``hicache_hook``
+(the HiCache gate under DCP, deciding a draft by the layout its host pool
+fits). For speculative decoding
 under DCP: ``speculative_hook`` (the argument check the pass map drives) and,
 on 0.5.22 and 0.5.23, ``flashinfer_mla_backend`` (the target verify planned
 split, the prefix once and the window per draft token, which the check then
@@ -39,13 +41,14 @@ import contextlib
 from collections.abc import Iterator
 
 # The carriers. HOOKS below takes their entries in the table's order: sglang 0.5.17's gate, draft registration
-# and scheduler budget; the draft sidecar of 0.5.19 on (patches/upstream-next 0001-0003, 0009); every
-# release the pass map covers (the speculative check); and the flashinfer MLA verify planned split on 0.5.22 and
-# 0.5.23 (0012), with the NextN draft's decode and extend.
+# and scheduler budget; the draft sidecar of 0.5.19 on (patches/upstream-next 0001-0003, 0009); the HiCache gate
+# under DCP on 0.5.23 (0020); every release the pass map covers (the speculative check); and the flashinfer MLA
+# verify planned split on 0.5.22 and 0.5.23 (0012), with the NextN draft's decode and extend.
 from . import (
     flashinfer_mla_backend,
     forward_mla,
     hicache_auto_size,
+    hicache_hook,
     hybrid_pool_assembler,
     kv_cache_builder,
     overrides,
@@ -72,13 +75,13 @@ from .entry import (
 __all__ = [
     "ASSEMBLER", "AUTO_SIZE", "BY_TARGET", "FIXED_UPSTREAM_IN", "FLASHINFER_MLA", "FORWARD_STAGE", "HOOKS",
     "POOLS_STAGE", "RESOLUTION_STAGE", "SIDECAR_CARRIES", "STAGES", "VERIFY_FIX_SINCE", "WRITTEN_FOR", "Decision",
-    "Finding", "Hook", "Verdict", "in_effect", "modules", "shipped_budget_verdict", "verify_fix",
+    "Finding", "Hook", "Verdict", "hicache_gate_fix", "in_effect", "modules", "shipped_budget_verdict", "verify_fix",
     "without_pass_check",
 ]
 
 HOOKS: tuple[Hook, ...] = (
     *server_args.HOOKS, *kv_cache_builder.HOOKS, *scheduler.HOOKS, *hybrid_pool_assembler.HOOKS,
-    *hicache_auto_size.HOOKS, *overrides.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
+    *hicache_auto_size.HOOKS, *hicache_hook.HOOKS, *overrides.HOOKS, *speculative_hook.HOOKS, *flashinfer_mla_backend.HOOKS,
     *forward_mla.HOOKS,
 )
 BY_TARGET = {hook.target: hook for hook in HOOKS}
@@ -156,6 +159,12 @@ def without_pass_check() -> Iterator[None]:
 
     with swap.attribute(speculative_hook, "check_passes_under_dcp", lambda server_args: None):
         yield
+
+
+def hicache_gate_fix(plugin_on: bool) -> str | None:
+    """Who decides the HiCache + DCP gate on EAGLE-family drafts by their layout: "upstream-next" where the
+    release's code carries 0020, "plugin" where the plugin is on and its hook applies, else None (sglang's gate)."""
+    return hicache_hook.gate_fix_in_effect(plugin_on=plugin_on)
 
 
 def verify_fix(plugin_on: bool) -> str | None:

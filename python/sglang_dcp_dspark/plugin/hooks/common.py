@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Verdict(enum.Enum):
@@ -89,6 +89,21 @@ def first_call() -> None:
     from .. import decisions
 
     decisions.first_call()
+
+
+def carrier(judge: Callable[[], Finding], plugin_on: bool) -> str | None:
+    """Who carries a fix the series carries too, by its judge's finding on the release's code: "upstream-next"
+    where the code has it already (FIXED), "plugin" where the plugin is on and its hook applies (NEEDS_FIX), else
+    None. A judge that raises is read as the release's own code: a probe never breaks a launch."""
+    try:
+        finding = judge()
+    except Exception:
+        return None
+    if finding.verdict is Verdict.FIXED:
+        return "upstream-next"
+    if finding.verdict is Verdict.NEEDS_FIX and plugin_on:
+        return "plugin"
+    return None
 
 
 def unhooked(fn):

@@ -50,7 +50,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from .common import Finding, Verdict, first_call, unhooked
+from .common import Finding, Verdict, carrier, first_call, unhooked
 from .entry import FORWARD_STAGE, Hook
 
 MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
@@ -113,15 +113,7 @@ def _has_id_builder() -> bool:
 def verify_fix_in_effect(plugin_on: bool) -> str | None:
     """Who plans this release's flashinfer MLA verify split under DCP: "upstream-next" where its code carries
     0012, "plugin" where the plugin is on and its hooks apply, else None (the release's own verify)."""
-    try:
-        finding = verify_verdict()
-    except Exception:  # a probe never breaks a launch: judged as the release's own verify
-        return None
-    if finding.verdict is Verdict.FIXED:
-        return "upstream-next"
-    if finding.verdict is Verdict.NEEDS_FIX and plugin_on:
-        return "plugin"
-    return None
+    return carrier(verify_verdict, plugin_on)
 
 
 def draft_decode_verdict(original: Callable | None = None) -> Finding:

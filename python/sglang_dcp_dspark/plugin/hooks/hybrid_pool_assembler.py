@@ -234,17 +234,42 @@ def _speculative_algorithm() -> str | None:
     return str(getattr(algorithm, "name", algorithm) or "").upper() or None
 
 
-def check_draft_pools(params) -> None:
-    """Under DCP, stop a draft whose host pool would restore other rows than its forward reads (0009's rule).
+def _draft_backends() -> tuple[str, ...]:
+    """The attention backends the draft runs on, as sglang's cache configurator reads them: its explicit
+    --speculative-draft-attention-backend, else the target's, which it inherits."""
+    from sglang.srt.runtime_context import attention_backends, get_spec
 
-    Hardening: sglang's HiCache gate refuses every draft but DSPARK under
-    DCP, and the speculative check (:mod:`.speculative_hook`) refuses the
-    EAGLE family on MLA models, so no launch reaches this with a packed or
-    an EAGLE draft today.
+    explicit = get_spec().speculative_draft_attention_backend
+    return (explicit,) if explicit is not None else tuple(sorted(b for b in attention_backends() if b is not None))
+
+
+def striped_sidecar(pool) -> str | None:
+    """Why this EAGLE-family draft pool is striped over the DCP ranks, which its own host pool (untranslated) does
+    not fit; None where it is replicated (row = loc on every rank)."""
+    span = getattr(pool, "_write_loc_dcp_span", None)
+    if span is not None:  # an MLA pool: its writes follow the DCP owner rule unless it is built replicated
+        return f"an MLA draft, one row per {span} locs" if span != 1 else None
+    from ... import passes
+
+    unproven = sorted(set(_draft_backends()) - set(passes.REPLICATING_BACKENDS))
+    if unproven:
+        return f"a dense draft on {', '.join(unproven)}, not replicated on flashinfer or fa3"
+    return None
+
+
+def check_draft_pools(params) -> None:
+    """Under DCP, stop a draft whose host pool would restore other rows than its forward reads (0009's rule, as
+    0020 narrows it).
+
+    Hardening: the HiCache gate's hook (:mod:`.hicache_hook`) refuses these
+    launches at argument time from the launch's facts; this reads the pools
+    sglang built, so a later change to the plan or the pool cannot bring a
+    wrong pair back silently.
     - PACKED layers move with the target's DCP indices, which fit only a
       draft striped like the target (one stored row per dcp_size locs).
-    - A SIDECAR has no DCP translation: an EAGLE draft there would be
-      restored at other rows. DSPARK's replicated draft fits it.
+    - A SIDECAR has no DCP translation: it fits a replicated draft (DSPARK's,
+      a dense EAGLE draft on flashinfer or fa3), not a striped one (an MLA
+      draft, a dense draft on triton).
     0009's refusals of the sharded backup have no counterpart: stock 0.5.23
     has no sharded backup.
     """
@@ -262,13 +287,17 @@ def check_draft_pools(params) -> None:
                 f"{span} locs) into the target's host pool: packed layers move with the target's DCP indices, "
                 "which fit only a draft striped like the target."
             )
-    if getattr(params, "sidecar_draft_device_pools", None) and _speculative_algorithm() in EAGLE_FAMILY:
-        raise NotImplementedError(
-            f"HiCache with --dcp-size {dcp_size} cannot back this EAGLE draft up in a host pool of its own (the "
-            "SIDECAR plan): the sidecar has no DCP index translation, while the draft's device KV is striped over "
-            "the DCP ranks (an MLA draft) or laid out by its attention backend (an MHA draft). Use DSPARK with "
-            "HiCache under DCP."
-        )
+    if _speculative_algorithm() not in EAGLE_FAMILY:
+        return
+    for pool in tuple(getattr(params, "sidecar_draft_device_pools", ()) or ()):
+        why = striped_sidecar(pool)
+        if why is not None:
+            raise NotImplementedError(
+                f"HiCache with --dcp-size {dcp_size} cannot back this EAGLE draft up in a host pool of its own (the "
+                f"SIDECAR plan): its device KV is striped over the DCP ranks ({why}), and the sidecar has no DCP "
+                "index translation. Use --speculative-algorithm NEXTN (packed with the target), or a dense draft "
+                "on --speculative-draft-attention-backend flashinfer."
+            )
 
 
 def count_sidecar_in_budget(original: Callable, *args, **kwargs):
