@@ -69,11 +69,10 @@ def _refused(release, res, stock, state, runs, configs, given, node, *, checked:
     who = "the plugin" if hooked and stock.passed else f"sglang {release.version}"
     gate = refusals.input_gate(who, message, given, node=node)
     # sglang's HiCache gate runs before its speculative check: where the plugin's hook (or upstream-next 0020)
-    # decides it, a draft whose host pool does not fit its layout is refused there first, after the gate's others
-    # (an L3 backend, LMCache, HiSparse, a dense target), which refuse the launch in sglang's words.
-    other_gates = (getattr(given, "hicache_storage_backend", None) or getattr(given, "enable_lmcache", False)
-                   or getattr(given, "enable_hisparse", False) or not models_mod.is_mla_config(configs.target))
-    gate_fix = hooks_mod.hicache_gate_fix(plugin_on=hooked) if gate is None and not other_gates else None
+    # decides it, a draft whose host pool does not fit its layout is refused there first, after the gate's others,
+    # which refuse the launch in sglang's words (hicache_gate below names them).
+    other = refusals.other_gate(who, message, given, mla=models_mod.is_mla_config(configs.target))
+    gate_fix = hooks_mod.hicache_gate_fix(plugin_on=hooked) if gate is None and other is None else None
     held = (resolution.hicache_refusal(runs, configs, launched=given.speculative_algorithm)
             if gate_fix is not None else None)
     if held is not None:

@@ -72,25 +72,36 @@ def input_gate(who: str, message: str, given: argparse.Namespace, *, node) -> Re
     return None
 
 
+def other_gate(who: str, message: str, given: argparse.Namespace, *, mla: bool) -> Refusal | None:
+    """sglang's gates on HiCache under DCP that refuse the launch whatever its draft (an L3 storage backend, a dense
+    model, LMCache, HiSparse), named by the launch's facts; None where none applies. They come before the draft's
+    in sglang's gate and in the plugin's hook on it (upstream-next 0020 too)."""
+    dcp = given.dcp_size if given.dcp_size is not None else 1
+    if dcp <= 1 or not given.enable_hierarchical_cache:
+        return None
+    storage = getattr(given, "hicache_storage_backend", None)
+    if storage:
+        return Refusal(who, f"--hicache-storage-backend {storage} under DCP", message,
+                       fixes=(Change(f"drop --hicache-storage-backend {storage}", drop=("--hicache-storage-backend",)),))
+    if not mla:
+        return Refusal(who, "HiCache under DCP for a dense model", message)
+    for flag, name in (("--enable-lmcache", "LMCache"), ("--enable-hisparse", "HiSparse")):
+        if getattr(given, flag[2:].replace("-", "_"), False):
+            return Refusal(who, f"{name} under DCP", message, fixes=(Change(f"drop {flag}", drop_flags=(flag,)),))
+    return None
+
+
 def hicache_gate(who: str, message: str, given: argparse.Namespace, *, mla: bool, version: str) -> Refusal:
-    """sglang's gates on HiCache under DCP (an L3 storage backend, a dense model, LMCache, HiSparse, a draft other
-    than DSPARK's on releases from 0.5.18, any draft before), named by the launch's facts; else the refusal as
-    sglang words it."""
+    """sglang's gates on HiCache under DCP (:func:`other_gate`'s, then a draft other than DSPARK's on releases from
+    0.5.18, any draft before), named by the launch's facts; else the refusal as sglang words it."""
+    other = other_gate(who, message, given, mla=mla)
+    if other is not None:
+        return other
     dcp = given.dcp_size if given.dcp_size is not None else 1
     algorithm = given.speculative_algorithm
-    if dcp > 1 and given.enable_hierarchical_cache:
-        storage = getattr(given, "hicache_storage_backend", None)
-        if storage:
-            return Refusal(who, f"--hicache-storage-backend {storage} under DCP", message,
-                           fixes=(Change(f"drop --hicache-storage-backend {storage}",
-                                         drop=("--hicache-storage-backend",)),))
-        if not mla:
-            return Refusal(who, "HiCache under DCP for a dense model", message)
-        for flag, name in (("--enable-lmcache", "LMCache"), ("--enable-hisparse", "HiSparse")):
-            if getattr(given, flag[2:].replace("-", "_"), False):
-                return Refusal(who, f"{name} under DCP", message, fixes=(Change(f"drop {flag}", drop_flags=(flag,)),))
-        if algorithm and (algorithm != "DSPARK" or passes_mod.version_key(version) < (0, 5, 18)):
-            return Refusal(who, f"HiCache under DCP with {algorithm}", message)
+    if dcp > 1 and given.enable_hierarchical_cache and algorithm and (
+            algorithm != "DSPARK" or passes_mod.version_key(version) < (0, 5, 18)):
+        return Refusal(who, f"HiCache under DCP with {algorithm}", message)
     return Refusal(who, "", message)
 
 

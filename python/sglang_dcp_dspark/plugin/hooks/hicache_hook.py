@@ -36,22 +36,22 @@ from .entry import RESOLUTION_STAGE, Hook
 
 MODULE = "sglang.srt.arg_groups.hicache_hook"
 GATE = f"{MODULE}.resolve_hicache_dcp_compatibility"
-EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
 DRAFT_FIELD = "speculative_algorithm"
 
 
 def plan_check_plumbing() -> str | None:
-    """What this release lacks of the plumbing the cache-build plan check reads (0.5.23's); None when it has it."""
+    """What this release lacks of the plumbing the cache-build plan check reads (0.5.23's); None when it has it.
+
+    Only ``CacheInitParams`` is read: the judge runs in every process that resolves server args, and the pools'
+    module costs seconds to import there. Its pools' write span (``_write_loc_dcp_span``, 0.5.19 on) the check
+    reads with a default."""
     import dataclasses
 
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
     fields = {f.name for f in dataclasses.fields(CacheInitParams)}
     if not {"mtp_draft_device_pools", "sidecar_draft_device_pools"} <= fields:
         return "CacheInitParams carries no sidecar_draft_device_pools (0.5.23 adds it), which the plan check reads"
-    if not hasattr(MLATokenToKVPool, "_write_loc_dcp_span"):
-        return "MLATokenToKVPool does not say how many locs one row spans, which the plan check reads"
     return None
 
 
@@ -147,14 +147,13 @@ def declare_helpers() -> None:
             setattr(module, name, getattr(importlib.import_module(home), name))
 
 
-def draft_refusal(server_args) -> str | None:
+def draft_refusal(server_args, view, algorithm: str) -> str | None:
     """The one line a striped (or unproven) draft is refused with under DCP + HiCache, from the launch's facts as
-    sglang resolved them so far (the target's decode backend included); None where its host pool fits it."""
+    sglang resolved them so far (``view``, the target's decode backend included); None where its host pool fits
+    it."""
     from ... import passes
     from . import speculative_hook as spec
 
-    view = spec._view(server_args)
-    algorithm = str(getattr(view, DRAFT_FIELD, None) or "").upper()
     draft_path = getattr(view, "speculative_draft_model_path", None)
     own_layer = draft_path in (None, getattr(view, "model_path", None))
     target_backend = _gate_helper("attention_backends_of")(_gate_helper("resolved_view")(server_args))[1]
@@ -173,16 +172,17 @@ def admit_proven_drafts(original: Callable, server_args, *args, **kwargs):
     """AROUND hook for the gate: an EAGLE-family draft whose host pool fits its layout is admitted, every other
     gate judged without the draft; a striped one refused in its own line."""
     first_call()
+    from ... import passes
     from . import speculative_hook as spec
 
     view = spec._view(server_args)
     algorithm = str(getattr(view, DRAFT_FIELD, None) or "").upper()
     under_gate = int(getattr(view, "dcp_size", 1) or 1) > 1 and getattr(view, "enable_hierarchical_cache", False)
-    if not under_gate or algorithm not in EAGLE_FAMILY:
+    if not under_gate or algorithm not in passes.EAGLE_FAMILY:
         return original(server_args, *args, **kwargs)
     # The L3, LMCache, HiSparse and MLA gates come first where they refuse the launch anyway.
     result = original(_without_draft(server_args), *args, **kwargs)
-    line = draft_refusal(server_args)
+    line = draft_refusal(server_args, view, algorithm)
     if line is not None:
         raise NotImplementedError(line)
     return result
