@@ -80,8 +80,9 @@ def assert_reexports(series: series_mod.Series, base: SglangTree, tmp_path: Path
     repo, out = tmp_path / "repo", tmp_path / "out"
     base_rev = maintain.workbench(base, series, repo)
     written = maintain.export(repo, base_rev, series.name, out_dir=out)
-    # Everything in the series' directory but its config.json (the series' metadata, not an export product).
-    assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir() if p.name != "config.json")
+    # Everything in the series' directory but its metadata (config.json, the PR map prs.json): not export products.
+    assert sorted(p.name for p in written) == sorted(p.name for p in series.directory.iterdir()
+                                                     if p.name not in ("config.json", "prs.json"))
     stale = [p.name for p in written if p.read_bytes() != (series.directory / p.name).read_bytes()]
     assert stale == [], (
         f"{stale} differ from a fresh export; fix: sglang-dcp-dspark workbench --series {series.name} --from "

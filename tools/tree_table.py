@@ -224,22 +224,11 @@ def markdown(series: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-def parts_markdown(series: str) -> str:
-    """The PRs upstream would take ``series`` as (its config's ``parts``): one row each, its patches as a range."""
-    patches = sorted(path.name[:4] for path in (REPO / "patches" / series).glob("*.patch"))
-    parts = SERIES[series].get("parts", {})
-    rows = [f"{series}: {len(patches)} patches, for upstream as {len(parts)} PRs", "",
-            "| PR | patches |", "|---|---|"]
-    for title, numbers in parts.items():
-        rows.append(f"| {title} | {numbers[0]}-{numbers[-1]} |" if len(numbers) > 1 else f"| {title} | {numbers[0]} |")
-    return "\n".join(rows) + "\n"
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["--make"]:
         sys.stdout.write(make_include())
-    elif sys.argv[1:2] in (["--markdown"], ["--parts"]) and len(sys.argv) == 3 and sys.argv[2] in SERIES:
-        sys.stdout.write((markdown if sys.argv[1] == "--markdown" else parts_markdown)(sys.argv[2]))
+    elif sys.argv[1:2] == ["--markdown"] and len(sys.argv) == 3 and sys.argv[2] in SERIES:
+        sys.stdout.write(markdown(sys.argv[2]))
     else:
-        sys.exit(f"usage: python3 tools/tree_table.py --make | --markdown SERIES | --parts SERIES "
+        sys.exit(f"usage: python3 tools/tree_table.py --make | --markdown SERIES "
                  f"(SERIES: {', '.join(SERIES)})")

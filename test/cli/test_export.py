@@ -59,13 +59,6 @@ def test_series_headers_match_the_table(name):
     assert sorted(tree_table.SERIES) == series_mod.available_series(), "every shipped series is in the table"
 
 
-@pytest.mark.parametrize("name", [n for n, row in tree_table.SERIES.items() if "parts" in row])
-def test_parts_cover_the_series_in_order(name):
-    """A series the table splits into PRs: its parts name every patch once, in the series' order."""
-    numbers = [patch.name[:4] for patch in series_mod.load_series(name).patches]
-    assert [n for part in tree_table.SERIES[name]["parts"].values() for n in part] == numbers
-
-
 @pytest.mark.parametrize("name", list(tree_table.SERIES))
 def test_every_patch_carries_its_dep3_header(name):
     """DEP-3 on every patch of every series: the table says which Origin and Forwarded values each may have."""

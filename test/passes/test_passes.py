@@ -197,6 +197,29 @@ def test_an_external_mla_draft_is_judged_as_the_nextn_draft_it_runs_as():
     assert refuse(target_backend="fa3", draft_mla=True) == passes.FA3_ON.format(dcp=8, algorithm="EAGLE")
 
 
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "DFLASH"])
+def test_an_algorithm_the_map_has_no_case_of_is_judged_by_the_plain_passes(algorithm):
+    """The shipped 0.5.23 map has no NGRAM, STANDALONE or DFLASH case, and those run the target's plain extend and
+    decode: on fa3 MLA (broken there) they are judged broken and refused in 0011's words, which name the backend
+    that runs; on flashinfer (consistent there) their own passes stay unchecked, as before."""
+    common = dict(dcp=8, own_layer=False)
+    on_fa3 = passes.judge("0.5.23", algorithm, target_backend="fa3", **common)
+    assert on_fa3.mapped and on_fa3.by_plain and on_fa3.algorithm == algorithm
+    assert {f.name for f in on_fa3.broken} == {"EXTEND", "DECODE_EAGER", "DECODE_GRAPH"}, on_fa3.broken
+    assert "the map has no " + algorithm + " case" in on_fa3.note
+    refuse = functools.partial(passes.refusal_of, "0.5.23", algorithm, mla=True, draft_backend=None, **common)
+    found = refuse(target_backend="fa3")
+    assert found.line == passes.FA3_PLAIN.format(dcp=8) and found.backend == "fa3"
+    assert found.what == f"{algorithm} on fa3 under DCP"
+    on_flashinfer = passes.judge("0.5.23", algorithm, target_backend="flashinfer", **common)
+    assert not on_flashinfer.mapped and not on_flashinfer.by_plain
+    assert refuse(target_backend="flashinfer") is None
+    # A dense target is not the map's question, and dcp 1 is not DCP.
+    assert not passes.judge("0.5.23", algorithm, target_backend="fa3", target_mla=False, **common).mapped
+    assert passes.refusal("0.5.23", algorithm, dcp=1, own_layer=False, mla=True, target_backend="fa3",
+                          draft_backend=None) is None
+
+
 def test_a_quantized_kv_pool_is_refused_only_under_the_split_verify():
     """The facts the plugin's check and preflight decide a quantized KV refusal from, once: DCP, a speculative
     algorithm, a quantized --kv-cache-dtype, and a flashinfer MLA target whose verify is planned split."""

@@ -4,6 +4,9 @@ Each launch is judged by the tree's own sglang on an emulated node named by its
 GPU part (``--gpu-name``), which sets the capability every platform probe
 answers from. What is checked:
 
+- NGRAM and STANDALONE at dcp 8 on fa3 MLA: the plugin and the series refuse
+  them (0011's check, whatever the algorithm); stock's verdict is a broken
+  pass, judged by the target's plain passes, which the map has;
 - a plain DCP launch of DeepSeek-V3 on an H200 (no ``--attention-backend``):
   sglang picks fa3 there, which has no DCP code; the plugin (and
   upstream-next 0015) picks flashinfer MLA instead, and the launch PASSES,
@@ -94,6 +97,30 @@ def test_fa3_named_under_dcp_is_refused_in_one_line_naming_flashinfer():
     else:  # the plugin refuses it in the series' words
         assert _line(report).endswith("the plugin refuses DCP on fa3"), _line(report)
         assert report["verdict"]["message"] == "the plugin: ValueError: " + passes.FA3_PLAIN.format(dcp=8)
+
+
+# A speculative algorithm the map has no case of runs the target's plain extend and decode: on fa3 MLA under DCP it
+# is never PASSES or PASSES, UNCHECKED. STANDALONE's draft is the target's own checkpoint here (any causal LM does).
+UNMODELLED = {"NGRAM": ["--speculative-algorithm", "NGRAM"],
+              "STANDALONE": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path",
+                             str(DEFAULT_MODEL)]}
+
+
+@pytest.mark.parametrize("algorithm", list(UNMODELLED))
+def test_an_unmodelled_algorithm_on_fa3_under_dcp_is_refused_or_broken(algorithm):
+    launch = [*PLAIN, *UNMODELLED[algorithm], "--attention-backend", "fa3"]
+    code, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *launch)
+    # 0011's check, whatever the algorithm; the plugin's, in 0011's words
+    carrier = "upstream-next" if TREE in SERIES_TREES else "the plugin"
+    assert code == 1 and _line(report).endswith(f"{carrier} refuses {algorithm} on fa3 under DCP"), _line(report)
+    assert report["verdict"]["message"].endswith("ValueError: " + passes.FA3_PLAIN.format(dcp=8)), report["verdict"]
+    off, report, _ = preflight("--gpu-name", "NVIDIA H200", "--device-rows", "100000", "--", *launch, env=OFF)
+    if TREE in SERIES_TREES:
+        assert off == 1, _line(report)
+    else:  # stock sglang admits it: its plain passes on fa3 are broken
+        assert off == 5 and "on fa3" in _line(report), _line(report)
+        assert "DECODE_EAGER on fa3 (dcp 8, rank 0): crashes" in _block(report)
+        assert f"the map has no {algorithm} case" in _block(report)
 
 
 def test_plain_dcp_on_hopper_without_the_plugin_is_a_broken_pass():

@@ -7,6 +7,8 @@ from unittest import mock
 import pytest
 
 from emulation import rank_pools as P
+from sglang_dcp_dspark.core import budget
+from trees import TREE
 
 from .conftest import series_only
 
@@ -54,11 +56,25 @@ def test_hicache_size_holds_target_and_draft(dcp):
     assert pools.draft_host.size == pools.target_host.logical_size
 
 
+@pytest.mark.skipif(TREE == "next-patched", reason="plugin-only: upstream-next 0001 has no switch (upstream has "
+                                                      "no precedent for one); preflight turns its split off itself")
 def test_opt_out_restores_the_target_only_budget():
-    """SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1 gives the target the whole budget, as stock 0.5.23 does."""
+    """SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1 gives the target the whole budget, as stock 0.5.23 does (the plugin's
+    switch; stock has the whole budget anyway)."""
     with mock.patch.dict("os.environ", {"SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT": "1"}):
         pools = build(8, hicache_size=HICACHE_SIZE_GB)
     assert pools.target_bytes == pytest.approx(HICACHE_SIZE_GB * 1e9, abs=pools.page_bytes)
+
+
+def test_preflight_prices_sglangs_own_sizing_on_every_tree():
+    """What preflight builds as sglang's own sizing (``budget.unbudgeted_sizing``) gives the target the whole
+    budget whichever carrier splits it: the plugin's switch, or upstream-next 0001's split turned off."""
+    with budget.unbudgeted_sizing():
+        pools = build(8, hicache_size=HICACHE_SIZE_GB)
+    assert pools.target_bytes == pytest.approx(HICACHE_SIZE_GB * 1e9, abs=pools.page_bytes)
+    split = build(8, hicache_size=HICACHE_SIZE_GB)
+    if TREE != "next-stock":  # the control: outside the block the carrier splits it
+        assert split.target_bytes < 0.9 * pools.target_bytes
 
 
 @pytest.mark.parametrize("dcp", DCP_SIZES)

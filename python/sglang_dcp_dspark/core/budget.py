@@ -16,13 +16,17 @@ draft's exist then, and no host pool does yet):
   share of free RAM, startup stops with the numbers.
 
 ``SGLANG_HICACHE_SIZE_EXCLUDES_DRAFT=1`` restores sglang's unbudgeted sizing
-(the same switch as the 0.5.17 series' patch 0004 and patches/upstream-next).
+(the same switch as the 0.5.17 series' patch 0004; patches/upstream-next has
+none, as upstream has no such switch: :func:`unbudgeted_sizing` turns its
+split off where preflight prices sglang's own sizing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 
 from . import rules
 from .errors import StartupError
@@ -44,6 +48,31 @@ def unbudgeted() -> bool:
     if field is not None:
         return bool(field.get())
     return os.environ.get(UNBUDGETED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# patches/upstream-next 0001's split of --hicache-size, in sglang's module where the tree carries it.
+SERIES_SPLIT = ("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler", "_target_hicache_size")
+
+
+@contextlib.contextmanager
+def unbudgeted_sizing() -> Iterator[None]:
+    """Inside the block every carrier sizes the target from the whole --hicache-size, as stock sglang does: the
+    switch for the plugin and the 0.5.17 series, and upstream-next 0001's split answering "nothing to split"
+    (it has no switch)."""
+    import importlib
+
+    from . import swap
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(swap.environ(**{UNBUDGETED_ENV: "1"}))
+        module_name, name = SERIES_SPLIT
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a release without the module has no such split
+            module = None
+        if module is not None and hasattr(module, name):
+            stack.enter_context(swap.attribute(module, name, swap.returning(None)))
+        yield
 
 
 def _env_field():

@@ -127,6 +127,7 @@ class Judgement:
     refused_kv: str = ""  # the quantized --kv-cache-dtype its split verify would run on (kv_cache_refusal refuses it)
     fixed_by: str = ""  # who carries the split verify the judgement counts on (a VERIFY_FIXES key), if any
     fixes_draft: bool = False  # that carrier plans the NextN draft's own passes under DCP too (DRAFT_FIXES)
+    by_plain: bool = False  # an algorithm the map has no case of, judged by the target's plain passes alone
 
     @property
     def kernel_checked(self) -> bool:
@@ -365,7 +366,10 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
             cases += borrowed
     if not cases:
         kind = "an MLA" if target_mla else "a dense"
-        return Judgement(release, name, dcp, False, why_unmapped=f"preflight has no {name} case with {kind} target on sglang {release}")
+        unmapped = Judgement(release, name, dcp, False,
+                             why_unmapped=f"preflight has no {name} case with {kind} target on sglang {release}")
+        return unmapped if draft_side_only or not target_mla else _by_plain_passes(
+            unmapped, version, target_backend, capability_major)
     evidence, fixes_draft = "", False
     if verify_fix is not None:
         cases, used, fixes_draft = _fixed_verify(cases, release, verify_fix)
@@ -424,6 +428,20 @@ def judge(version: str, algorithm: str | None, *, dcp: int, own_layer: bool, tar
     return Judgement(release, name, dcp, True, findings, note=note,
                      evidence=_with_kernel_evidence(findings, evidence if uses_fix else ""),
                      fixed_by=verify_fix if uses_fix else "", fixes_draft=bool(uses_fix) and fixes_draft)
+
+
+def _by_plain_passes(unmapped: Judgement, version: str, target_backend: str | None,
+                     capability_major: int | None) -> Judgement:
+    """A speculative algorithm the map has no case of (NGRAM, STANDALONE, DFLASH, ...), judged by the target's own
+    EXTEND and DECODE, which it runs as a plain launch does: broken where those are, else still unmapped (its
+    verify and its draft's passes are not checked)."""
+    plain = judge_plain(version, dcp=unmapped.dcp, target_backend=target_backend, capability_major=capability_major)
+    if not plain.broken:
+        return unmapped
+    note = (f"the map has no {unmapped.algorithm} case: judged by the target's own EXTEND and DECODE, which every "
+            "launch runs")
+    return Judgement(unmapped.release, unmapped.algorithm, unmapped.dcp, True, plain.findings,
+                     note=f"{plain.note}; {note}" if plain.note else note, evidence=plain.evidence, by_plain=True)
 
 
 def _refused_by_factory(release: str, backend: str | None, dcp: int) -> PassFinding | None:
@@ -724,6 +742,11 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         return Refusal(EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend), what, target_backend)
     if name == "DSPARK":
         return Refusal(DSPARK_ON.format(dcp=dcp, backend=target_backend), what, target_backend)
+    plain = plain_refusal_of(version, dcp=dcp, mla=mla, target_backend=target_backend)
+    if plain is not None and judged.by_plain:
+        # An algorithm the map judged by the target's plain passes alone (:func:`_by_plain_passes`): the plain
+        # launch's refusal, whose line names the backend that runs them (0011's words on fa3).
+        return Refusal(plain.line, what, target_backend)
     return Refusal(f"--dcp-size {dcp} with --speculative-algorithm {name} is not supported: "
                    f"{judged.broken[0].line()}.", what, target_backend)
 

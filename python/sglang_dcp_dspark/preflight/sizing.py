@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core import rules, swap
+from ..core import rules
 from ..core.errors import DcpDsparkError
 from . import hostram, result
 from . import launch as launch_mod
@@ -142,7 +142,7 @@ def size_pools(release, la, models, node: Node, device_rows_given: int | None, *
 def setups(release, la, models, rows, ram_bytes, ranks, plugin_on, built, stock, backups,
            stock_passed: bool = True) -> dict | None:
     """Pinned bytes per node of the chart's four setups (report.SETUPS), each from the release's classes where it has them."""
-    from ..core.budget import UNBUDGETED_ENV
+    from ..core.budget import unbudgeted_sizing
 
     if models.draft is None:
         return None
@@ -151,7 +151,7 @@ def setups(release, la, models, rows, ram_bytes, ranks, plugin_on, built, stock,
     def entry(b, source=classes):
         return result.Setup(b.bytes * ranks if b.pools else None, source, b.startup_error)
 
-    with swap.environ(**{UNBUDGETED_ENV: "1"}):
+    with unbudgeted_sizing():
         unbudgeted = release.build(la, models, rows, hooked=plugin_on, host_ram=ram_bytes)
     # Stock sglang pins nothing where it rejects the launch: no stock point there.
     stock_entry = entry(stock) if stock_passed else result.Setup(None, "stock sglang rejects the launch", None)

@@ -13,8 +13,11 @@ pool (every algorithm), a NextN draft's own passes read untranslated rows, and
 a DSPARK draft on the Triton backend reads other rows. The AROUND hook runs
 sglang's own resolution first, then asks the map about the launch as
 resolved, and raises one ValueError line, as sglang's own argument checks do.
-The check also goes into sglang's module under 0008's name, so code and tests
-written for the series call it there. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
+The check also goes into sglang's module under 0008's name (and the fa3 check
+under 0011's), so code and tests written for the series call them there. DCP
+on fa3 MLA is refused whatever the speculative algorithm: one the map has no
+case of (NGRAM, STANDALONE, DFLASH) runs the target's plain extend and decode,
+and is judged by them. ``SGLANG_ENABLE_DCP_DSPARK_PLUGIN=0``
 turns it off with the rest of the plugin.
 
 The judge reads the map, not the version: a release the map does not cover
@@ -47,6 +50,8 @@ SPECULATIVE = f"{MODULE}.handle_speculative_decoding"
 CHECK = "_check_speculative_passes_under_dcp"
 # And 0013's name for the question whether an external draft checkpoint has MLA attention.
 DRAFT_USES_MLA = "_draft_uses_mla"
+# And 0011's name for the refusal of DCP on fa3 MLA, whatever the speculative algorithm.
+DECODE_BACKEND_CHECK = "_check_dcp_decode_backend"
 
 
 def _installed_version() -> str | None:
@@ -142,10 +147,7 @@ def check_passes_under_dcp(server_args) -> None:
     if dcp <= 1:
         return
     if algorithm is None:  # a plain launch: the target's own extend and decode (0011's check)
-        line = passes.plain_refusal(_installed_version() or "", dcp=dcp, mla=_uses_mla(server_args),
-                                    target_backend=_decode_backend(server_args))
-        if line is not None:
-            raise ValueError(line)
+        check_dcp_decode_backend(server_args)
         return
     draft_path = getattr(view, "speculative_draft_model_path", None)
     target_backend, mla = _decode_backend(server_args), _uses_mla(server_args)
@@ -166,6 +168,21 @@ def check_passes_under_dcp(server_args) -> None:
         raise ValueError(line)
 
 
+def check_dcp_decode_backend(server_args) -> None:
+    """0011's check: one ValueError line for DCP on a target backend whose own extend and decode the map shows
+    broken (fa3 MLA), whatever the speculative algorithm: NGRAM, STANDALONE and DFLASH run those passes too
+    (:func:`check_passes_under_dcp` refuses them through ``passes.judge``'s plain fallback, in the same words)."""
+    from ... import passes
+
+    dcp = int(getattr(_view(server_args), "dcp_size", 1) or 1)
+    if dcp <= 1:
+        return
+    line = passes.plain_refusal(_installed_version() or "", dcp=dcp, mla=_uses_mla(server_args),
+                                target_backend=_decode_backend(server_args))
+    if line is not None:
+        raise ValueError(line)
+
+
 def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
     """The per-draft-token verify on flashinfer MLA, where the plugin's hooks (this check is the plugin's) or the
     release's code carry it; only a flashinfer MLA target asks."""
@@ -178,13 +195,15 @@ def _verify_fix(target_backend: str | None, mla: bool) -> str | None:
 
 def declare_check() -> None:
     """Put the check in sglang's module under 0008's name, beside the helpers it reads there (``use_mla_backend``,
-    which 0008 imports into that module, and 0013's ``_draft_uses_mla``), so code and tests written for the series
-    find them all, and a test that patches one there patches it for this check too."""
+    which 0008 imports into that module, and 0013's ``_draft_uses_mla``) and 0011's check, so code and tests
+    written for the series find them all, and a test that patches one there patches it for this check too."""
     module = _module()
     if getattr(module, CHECK, None) is None:
         setattr(module, CHECK, check_passes_under_dcp)
     if getattr(module, DRAFT_USES_MLA, None) is None:
         setattr(module, DRAFT_USES_MLA, draft_uses_mla)
+    if getattr(module, DECODE_BACKEND_CHECK, None) is None:
+        setattr(module, DECODE_BACKEND_CHECK, check_dcp_decode_backend)
     if not hasattr(module, "use_mla_backend"):
         use_mla_backend = _helper("use_mla_backend")
         if use_mla_backend is not None:  # a release without it: the server args answer it themselves
