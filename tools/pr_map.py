@@ -204,8 +204,10 @@ def patches_doc_problems(series: str, text: str | None = None) -> list[str]:
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {"GIT_AUTHOR_NAME": "pr-map", "GIT_AUTHOR_EMAIL": "pr-map@localhost", "GIT_COMMITTER_NAME": "pr-map",
-           "GIT_COMMITTER_EMAIL": "pr-map@localhost", "HOME": str(repo), "PATH": "/usr/bin:/bin"}
+    # A fixed identity, and no user or system git config (HOME in the checkout): the same result on any machine.
+    env = {**os.environ, "GIT_AUTHOR_NAME": "pr-map", "GIT_AUTHOR_EMAIL": "pr-map@localhost",
+           "GIT_COMMITTER_NAME": "pr-map", "GIT_COMMITTER_EMAIL": "pr-map@localhost", "HOME": str(repo),
+           "GIT_CONFIG_NOSYSTEM": "1"}
     return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=repo, env=env, capture_output=True,
                           text=True)
 

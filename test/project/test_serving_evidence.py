@@ -50,12 +50,16 @@ def test_the_commands_are_sglangs_own_tools(tmp_path):
     assert cmds["tpot"][-1] == str(tmp_path / "nextn-dcp8-graph.jsonl")
 
 
-def test_the_readers_read_what_sglang_0_5_23_prints(tmp_path):
+@pytest.mark.trees
+def test_the_readers_read_what_sglang_0_5_23_prints():
     """The lines the readers parse are the ones sglang 0.5.23's tools write (read from the tree)."""
     gsm8k = (STOCK / "sglang" / "test" / "few_shot_gsm8k.py").read_text(encoding="utf-8")
     assert 'print(f"Accuracy: {acc:.3f}")' in gsm8k
     serving = (STOCK / "sglang" / "benchmark" / "serving.py").read_text(encoding="utf-8")
     assert '"median_tpot_ms": metrics.median_tpot_ms' in serving and '"accept_length": accept_length' in serving
+
+
+def test_the_readers_parse_those_lines_and_refuse_others(tmp_path):
     assert ev.read_accuracy("Accuracy: 0.951\nInvalid: 0.000\n") == 0.951
     record = tmp_path / "r.jsonl"
     record.write_text(json.dumps({"median_tpot_ms": 21.5, "accept_length": 3.1}) + "\n", encoding="utf-8")

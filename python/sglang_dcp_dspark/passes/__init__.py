@@ -742,8 +742,8 @@ def refusal_of(version: str, algorithm: str | None, *, dcp: int, own_layer: bool
         return Refusal(EAGLE_ON.format(dcp=dcp, algorithm=name, backend=target_backend), what, target_backend)
     if name == "DSPARK":
         return Refusal(DSPARK_ON.format(dcp=dcp, backend=target_backend), what, target_backend)
-    plain = plain_refusal_of(version, dcp=dcp, mla=mla, target_backend=target_backend)
-    if plain is not None and judged.by_plain:
+    plain = plain_refusal_of(version, dcp=dcp, mla=mla, target_backend=target_backend) if judged.by_plain else None
+    if plain is not None:
         # An algorithm the map judged by the target's plain passes alone (:func:`_by_plain_passes`): the plain
         # launch's refusal, whose line names the backend that runs them (0011's words on fa3).
         return Refusal(plain.line, what, target_backend)
