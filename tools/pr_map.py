@@ -68,7 +68,11 @@ class PR:
 
 
 class MapError(ValueError):
-    """The map contradicts itself or its series."""
+    """The map contradicts itself or its series: one line, ending with what fixes it."""
+
+    def __init__(self, series: str, what: str) -> None:
+        super().__init__(f"{what}; fix: edit patches/{series}/prs.json, then run "
+                         f"python tools/pr_map.py --markdown {series}")
 
 
 def path_of(series: str) -> Path:
@@ -86,22 +90,22 @@ def load(series: str) -> tuple[PR, ...]:
     )
     numbers = [p.name[:4] for p in patch_files(series)]
     if [n for pr in prs for n in pr.patches] != numbers:
-        raise MapError(f"{path_of(series).name}: the PRs' patches are not the series' {numbers[0]}-{numbers[-1]} in order")
+        raise MapError(series, f"{path_of(series).name}: the PRs' patches are not the series' {numbers[0]}-{numbers[-1]} in order")
     ids = [pr.id for pr in prs]
     for pr in prs:
         if pr.status not in STATUSES:
-            raise MapError(f"{pr.id}: status {pr.status!r}, expected one of {', '.join(STATUSES)}")
+            raise MapError(series, f"{pr.id}: status {pr.status!r}, expected one of {', '.join(STATUSES)}")
         unknown = [s for s in pr.stacks_on if s not in ids[: ids.index(pr.id)]]
         if unknown:
-            raise MapError(f"{pr.id}: stacks on {', '.join(unknown)}, which no earlier PR of the map is")
+            raise MapError(series, f"{pr.id}: stacks on {', '.join(unknown)}, which no earlier PR of the map is")
         if pr.status == "comment" and not pr.upstream:
-            raise MapError(f"{pr.id}: a comment names the upstream PR it goes on")
+            raise MapError(series, f"{pr.id}: a comment names the upstream PR it goes on")
         if pr.status in ("comment", "downstream") and not pr.drop_when:
-            raise MapError(f"{pr.id}: kept for users, it says when to drop it (drop_when)")
+            raise MapError(series, f"{pr.id}: kept for users, it says when to drop it (drop_when)")
         if pr.status == "held" and not pr.why:
-            raise MapError(f"{pr.id}: held, it says what the re-cut must do (why)")
+            raise MapError(series, f"{pr.id}: held, it says what the re-cut must do (why)")
         if pr.status == "proposed" and not pr.standalone:
-            raise MapError(f"{pr.id}: proposed, it must apply alone on its base")
+            raise MapError(series, f"{pr.id}: proposed, it must apply alone on its base")
     return prs
 
 
@@ -277,7 +281,7 @@ def run_own_tests(series: str, pr: PR, tree: Path, work: Path) -> subprocess.Com
     repo.mkdir()
     failed = apply_alone(series, pr, tree, repo)
     if failed is not None:
-        raise MapError(f"{pr.id}: patch {failed} does not apply on stock {base_release(series)}")
+        raise MapError(series, f"{pr.id}: patch {failed} does not apply on stock {base_release(series)}")
     site = overlay(tree, repo, work / "site")
     env = {**os.environ, "PYTHONPATH": str(site)}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *own_tests(series, pr)],

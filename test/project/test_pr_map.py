@@ -108,8 +108,11 @@ def test_a_map_that_contradicts_itself_is_refused(change, said, tmp_path, monkey
     broken = tmp_path / "prs.json"
     broken.write_text(json.dumps(raw), encoding="utf-8")
     monkeypatch.setattr(pr_map, "path_of", lambda series: broken)
-    with pytest.raises(pr_map.MapError, match=said.replace("(", r"\(")):
+    with pytest.raises(pr_map.MapError, match=said.replace("(", r"\(")) as refused:
         pr_map.load(SERIES)
+    assert "\n" not in str(refused.value)
+    assert str(refused.value).endswith("fix: edit patches/upstream-next/prs.json, then run "
+                                       "python tools/pr_map.py --markdown upstream-next")
 
 
 @pytest.mark.trees
